@@ -16,7 +16,9 @@ pub enum FormatError {
         got: usize,
     },
     /// The row length is not a multiple of the block size and padding was not requested.
-    #[error("{cols} columns do not divide into blocks of {block}; pad the rows or use Padding::Zero")]
+    #[error(
+        "{cols} columns do not divide into blocks of {block}; pad the rows or use Padding::Zero"
+    )]
     NotDivisible {
         /// Columns of the matrix.
         cols: usize,

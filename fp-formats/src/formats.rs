@@ -178,10 +178,70 @@ impl E4M3 {
         let rounded = abs.wrapping_add(0x7FFFF + ((abs >> 20) & 1));
         let normal = (rounded >> 20).wrapping_sub(120 << 3);
         // Subnormal range: adding 2^14 (ulp 2^-9) rounds to the E4M3 subnormal grid.
-        let sub = (f32::from_bits(abs) + 16384.0f32).to_bits().wrapping_sub(0x4680_0000);
-        let mag = if abs < 0x3C80_0000 { sub } else { normal.min(0x7E) };
+        let sub = (f32::from_bits(abs) + 16384.0f32)
+            .to_bits()
+            .wrapping_sub(0x4680_0000);
+        let mag = if abs < 0x3C80_0000 {
+            sub
+        } else {
+            normal.min(0x7E)
+        };
         let mag = if abs > 0x7F80_0000 { 0x7F } else { mag };
         mag as u8 | sign
+    }
+}
+
+impl E2M1 {
+    /// Encodes a slice with RNE + saturation (exactly [`E2M1::encode_rne_sat`] per element)
+    /// and packs two codes per byte, element `2i` in the low nibble (see [`crate::pack`]).
+    /// An odd length leaves the last high nibble zero.
+    ///
+    /// # Panics
+    /// If `dst.len() != src.len().div_ceil(2)`.
+    pub fn encode_slice_packed(src: &[f32], dst: &mut [u8]) {
+        assert_eq!(
+            dst.len(),
+            src.len().div_ceil(2),
+            "E2M1 packed output length"
+        );
+        let pairs = src.len() / 2;
+        crate::kernels::e2m1_encode_packed(&src[..2 * pairs], &mut dst[..pairs]);
+        if src.len() % 2 == 1 {
+            dst[pairs] = E2M1::encode_rne_sat(src[2 * pairs]);
+        }
+    }
+
+    /// Decodes `dst.len()` packed codes (the inverse of [`E2M1::encode_slice_packed`]).
+    ///
+    /// # Panics
+    /// If `src.len() != dst.len().div_ceil(2)`.
+    pub fn decode_slice_packed(src: &[u8], dst: &mut [f32]) {
+        assert_eq!(src.len(), dst.len().div_ceil(2), "E2M1 packed input length");
+        let pairs = dst.len() / 2;
+        crate::kernels::e2m1_decode_packed(&src[..pairs], &mut dst[..2 * pairs]);
+        if dst.len() % 2 == 1 {
+            dst[2 * pairs] = E2M1(src[pairs] & 0xF).to_f32();
+        }
+    }
+}
+
+impl E4M3 {
+    /// Encodes a slice with RNE + saturation, exactly [`E4M3::encode_rne_sat`] per element.
+    ///
+    /// # Panics
+    /// If `dst.len() != src.len()`.
+    pub fn encode_slice_rne_sat(src: &[f32], dst: &mut [u8]) {
+        assert_eq!(dst.len(), src.len(), "E4M3 output length");
+        crate::kernels::e4m3_encode(src, dst);
+    }
+
+    /// Decodes a slice of codes (exact).
+    ///
+    /// # Panics
+    /// If `dst.len() != src.len()`.
+    pub fn decode_slice(src: &[u8], dst: &mut [f32]) {
+        assert_eq!(dst.len(), src.len(), "E4M3 output length");
+        crate::kernels::e4m3_decode(src, dst);
     }
 }
 

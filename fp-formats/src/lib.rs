@@ -21,12 +21,13 @@
 extern crate alloc;
 
 mod formats;
+mod kernels;
 mod minifloat;
 mod rounding;
 
 pub use formats::{
-    bf16_from_f32, f16_from_f32, round_to_bf16, E2M1, E2M3, E3M2, E4M3, E5M2, E8M0, UE4M3,
-    ElementFormat,
+    bf16_from_f32, f16_from_f32, round_to_bf16, ElementFormat, E2M1, E2M3, E3M2, E4M3, E5M2, E8M0,
+    UE4M3,
 };
 pub use half::{bf16, f16};
 pub use rounding::{Overflow, Rounding};
@@ -67,7 +68,12 @@ pub(crate) fn check_shape(
         got: data.len(),
     })?;
     if data.len() != expected {
-        return Err(FormatError::ShapeMismatch { rows, cols, expected, got: data.len() });
+        return Err(FormatError::ShapeMismatch {
+            rows,
+            cols,
+            expected,
+            got: data.len(),
+        });
     }
     if cols % block != 0 && padding == Padding::Error {
         return Err(FormatError::NotDivisible { cols, block });
@@ -77,29 +83,15 @@ pub(crate) fn check_shape(
 
 /// The absolute maximum of `data`, or an error naming the first non-finite element.
 ///
-/// One vectorisable pass: lanes keep a running max and a flag for non-finite values.
+/// One vectorised pass: lanes keep a running max and a flag for non-finite values.
 pub fn finite_amax(data: &[f32]) -> Result<f32, FormatError> {
-    let mut m = [0.0f32; 8];
-    let mut bad = [false; 8];
-    let chunks = data.chunks_exact(8);
-    let rest = chunks.remainder();
-    for c in chunks {
-        for i in 0..8 {
-            let a = c[i].abs();
-            m[i] = m[i].max(a);
-            bad[i] |= !(a <= f32::MAX);
-        }
-    }
-    let mut amax = 0.0f32;
-    let mut any_bad = rest.iter().any(|v| !v.is_finite());
-    for i in 0..8 {
-        amax = amax.max(m[i]);
-        any_bad |= bad[i];
-    }
-    amax = rest.iter().fold(amax, |a, v| a.max(v.abs()));
-    if !any_bad {
+    let (amax, finite) = kernels::amax_finite(data);
+    if finite {
         return Ok(amax);
     }
     let index = data.iter().position(|v| !v.is_finite()).unwrap_or(0);
-    Err(FormatError::NonFinite { index, value: data[index] })
+    Err(FormatError::NonFinite {
+        index,
+        value: data[index],
+    })
 }

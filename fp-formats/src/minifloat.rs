@@ -98,7 +98,11 @@ impl Spec {
             (man | 0x80_0000, exp_field - 127)
         };
         let floor_log2 = if exp_field == 0 { i32::MIN } else { ea };
-        let e = if floor_log2 > self.emin { floor_log2 } else { self.emin };
+        let e = if floor_log2 > self.emin {
+            floor_log2
+        } else {
+            self.emin
+        };
         // Number of significand bits below the target quantum 2^(e - mbits); at least 1 here.
         let shift = (e - ea + 23 - self.mbits as i32).clamp(1, 50) as u32;
         let sig = sig as u64;

@@ -18,13 +18,15 @@ use alloc::vec::Vec;
 
 use crate::error::FormatError;
 use crate::formats::{ElementFormat, E2M1, E2M3, E3M2, E4M3, E5M2, E8M0};
-use crate::{check_shape, pack, Padding};
+use crate::{check_shape, kernels, pack, Padding};
 
 /// Elements per MX block.
 pub const BLOCK: usize = 32;
 
 /// How the E8M0 block scale is derived from the block amax.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+#[cfg_attr(feature = "serde", serde(rename_all = "lowercase"))]
 pub enum ScaleRule {
     /// OCP MX v1.0: `e = floor(log2(amax)) - emax_elem`. Block maxima above the element
     /// max times `2^e` are clipped.
@@ -120,6 +122,8 @@ pub fn rceil_e8m0(d: f32) -> E8M0 {
 
 /// The element format of an MX matrix.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+#[cfg_attr(feature = "serde", serde(rename_all = "lowercase"))]
 pub enum MxElement {
     /// MXFP8 with E4M3 elements.
     E4M3,
@@ -167,7 +171,11 @@ pub struct MxOptions {
 impl MxOptions {
     /// Options with no padding.
     pub fn new(element: MxElement, rule: ScaleRule) -> Self {
-        MxOptions { element, rule, padding: Padding::Error }
+        MxOptions {
+            element,
+            rule,
+            padding: Padding::Error,
+        }
     }
 }
 
@@ -224,26 +232,70 @@ impl MxMatrix {
 
     /// Exact dequantization to f32, `[rows, cols]`.
     pub fn dequantize(&self) -> Vec<f32> {
-        let row_bytes = self.element.packed_len(self.padded_cols);
-        let bpr = self.padded_cols / BLOCK;
-        let mut out = Vec::with_capacity(self.rows * self.cols);
-        for r in 0..self.rows {
-            let bytes = &self.codes[r * row_bytes..][..row_bytes];
-            let codes = unpack_row(self.element, bytes, self.padded_cols);
-            for (c, &code) in codes.iter().enumerate().take(self.cols) {
-                let s = self.scales[r * bpr + c / BLOCK].value();
-                out.push(decode(self.element, code) * s);
+        let mut out = alloc::vec![0.0f32; self.rows * self.cols];
+        self.dequantize_into(&mut out);
+        out
+    }
+
+    /// [`Self::dequantize`] into a caller-provided buffer of `rows * cols` elements.
+    ///
+    /// # Panics
+    /// If `out.len() != rows * cols`.
+    pub fn dequantize_into(&self, out: &mut [f32]) {
+        assert_eq!(
+            out.len(),
+            self.rows * self.cols,
+            "MX dequantize output length"
+        );
+        let (cols, padded) = (self.cols, self.padded_cols);
+        match self.element {
+            MxElement::E4M3 => crate::kernels::mx_e4m3_dequantize_rows(
+                &self.codes,
+                &self.scales,
+                cols,
+                padded,
+                out,
+            ),
+            MxElement::E2M1 => crate::kernels::mx_e2m1_dequantize_rows(
+                &self.codes,
+                &self.scales,
+                cols,
+                padded,
+                out,
+            ),
+            element => {
+                if cols == 0 {
+                    return;
+                }
+                let row_bytes = element.packed_len(padded);
+                let bpr = padded / BLOCK;
+                let mut codes = alloc::vec![0u8; padded];
+                let rows = out
+                    .chunks_exact_mut(cols)
+                    .zip(self.codes.chunks_exact(row_bytes));
+                for ((orow, bytes), srow) in rows.zip(self.scales.chunks_exact(bpr)) {
+                    unpack_row_into(element, bytes, &mut codes);
+                    for ((o, c), s) in orow
+                        .chunks_mut(BLOCK)
+                        .zip(codes.chunks_exact(BLOCK))
+                        .zip(srow)
+                    {
+                        let s = s.value();
+                        for (o, &c) in o.iter_mut().zip(c) {
+                            *o = decode(element, c) * s;
+                        }
+                    }
+                }
             }
         }
-        out
     }
 }
 
-fn unpack_row(element: MxElement, bytes: &[u8], n: usize) -> Vec<u8> {
+fn unpack_row_into(element: MxElement, bytes: &[u8], codes: &mut [u8]) {
     match element.bits() {
-        8 => bytes.to_vec(),
-        6 => pack::unpack_fp6(bytes, n).expect("row length checked"),
-        _ => pack::unpack_fp4(bytes, n).expect("row length checked"),
+        8 => codes.copy_from_slice(bytes),
+        6 => pack::unpack_fp6_into(bytes, codes),
+        _ => pack::unpack_fp4_into(bytes, codes),
     }
 }
 
@@ -284,14 +336,43 @@ pub fn quantize(
     let amax = crate::finite_amax(data)?;
     let bpr = padded_cols / BLOCK;
     let element = options.element;
+    let rule = options.rule;
     let row_bytes = element.packed_len(padded_cols);
-    let mut codes = Vec::with_capacity(rows * row_bytes);
-    let mut scales = Vec::with_capacity(rows * bpr);
+    let mut codes = alloc::vec![0u8; rows * row_bytes];
+    let mut scales = alloc::vec![E8M0(0); rows * bpr];
+    // Full blocks of the formats with a fast encoder: the vectorised kernels (the same
+    // values as `quantize_block`: the fast encoders are bit-identical to `from_f32`).
+    let first_generic_block = match element {
+        MxElement::E4M3 => {
+            kernels::mx_quantize_rows::<E4M3>(
+                data,
+                cols,
+                padded_cols,
+                rule,
+                &mut codes,
+                &mut scales,
+            );
+            cols / BLOCK
+        }
+        MxElement::E2M1 => {
+            kernels::mx_quantize_rows::<E2M1>(
+                data,
+                cols,
+                padded_cols,
+                rule,
+                &mut codes,
+                &mut scales,
+            );
+            cols / BLOCK
+        }
+        _ => 0,
+    };
     let mut row_codes = alloc::vec![0u8; padded_cols];
     let mut pad = [0.0f32; BLOCK];
-    for r in 0..rows {
+    let generic_rows = if first_generic_block < bpr { rows } else { 0 };
+    for r in 0..generic_rows {
         let row = &data[r * cols..][..cols];
-        for b in 0..bpr {
+        for b in first_generic_block..bpr {
             let start = b * BLOCK;
             let src = if start + BLOCK <= cols {
                 &row[start..start + BLOCK]
@@ -301,20 +382,33 @@ pub fn quantize(
                 &pad[..]
             };
             let dst = &mut row_codes[start..start + BLOCK];
-            let rule = options.rule;
-            scales.push(match element {
+            scales[r * bpr + b] = match element {
                 MxElement::E4M3 => quantize_block::<E4M3>(src, rule, dst),
                 MxElement::E5M2 => quantize_block::<E5M2>(src, rule, dst),
                 MxElement::E2M3 => quantize_block::<E2M3>(src, rule, dst),
                 MxElement::E3M2 => quantize_block::<E3M2>(src, rule, dst),
                 MxElement::E2M1 => quantize_block::<E2M1>(src, rule, dst),
-            });
+            };
         }
+        // Every format packs whole blocks into whole bytes (32 codes: 32, 24 or 16 bytes).
+        let bytes_per_block = element.packed_len(BLOCK);
+        let start = first_generic_block * BLOCK;
+        let src = &row_codes[start..];
+        let dst = &mut codes[r * row_bytes + first_generic_block * bytes_per_block..]
+            [..element.packed_len(src.len())];
         match element.bits() {
-            8 => codes.extend_from_slice(&row_codes),
-            6 => codes.extend_from_slice(&pack::pack_fp6(&row_codes)),
-            _ => codes.extend_from_slice(&pack::pack_fp4(&row_codes)),
+            8 => dst.copy_from_slice(src),
+            6 => pack::pack_fp6_into(src, dst),
+            _ => pack::pack_fp4_into(src, dst),
         }
     }
-    Ok(MxMatrix { rows, cols, padded_cols, element, codes, scales, amax })
+    Ok(MxMatrix {
+        rows,
+        cols,
+        padded_cols,
+        element,
+        codes,
+        scales,
+        amax,
+    })
 }

@@ -72,7 +72,12 @@ impl GlobalScale {
             s_enc = 1.0;
         }
         let s_dec = 1.0 / s_enc;
-        GlobalScale { amax, s_enc, s_dec, block_factor: s_enc * (1.0f32 / 6.0) }
+        GlobalScale {
+            amax,
+            s_enc,
+            s_dec,
+            block_factor: s_enc * (1.0f32 / 6.0),
+        }
     }
 
     /// The E4M3 block scale for a block with absolute maximum `block_amax` (RNE, saturating
@@ -140,7 +145,10 @@ impl Nvfp4Matrix {
         for (r, row) in data.chunks_exact(self.cols.max(1)).enumerate() {
             for (b, block) in row.chunks(BLOCK).enumerate() {
                 let enc = g.block_encode_factor(self.scales[r * bpr + b]);
-                n += block.iter().filter(|&&v| (v * enc).abs() > E2M1::MAX).count();
+                n += block
+                    .iter()
+                    .filter(|&&v| (v * enc).abs() > E2M1::MAX)
+                    .count();
             }
         }
         n
@@ -148,19 +156,30 @@ impl Nvfp4Matrix {
 
     /// Exact dequantization to f32, `[rows, cols]` (padding dropped).
     pub fn dequantize(&self) -> Vec<f32> {
-        let s_dec = self.global_scale().s_dec;
         let mut out = alloc::vec![0.0f32; self.rows * self.cols];
-        let bpr = self.padded_cols / BLOCK;
-        let mut row_buf = alloc::vec![0.0f32; self.padded_cols];
-        for r in 0..self.rows {
-            for b in 0..bpr {
-                let codes = &self.codes[(r * self.padded_cols + b * BLOCK) / 2..][..BLOCK / 2];
-                let dst = &mut row_buf[b * BLOCK..][..BLOCK];
-                dequantize_block(codes, self.scales[r * bpr + b], s_dec, dst);
-            }
-            out[r * self.cols..][..self.cols].copy_from_slice(&row_buf[..self.cols]);
-        }
+        self.dequantize_into(&mut out);
         out
+    }
+
+    /// [`Self::dequantize`] into a caller-provided buffer of `rows * cols` elements.
+    ///
+    /// # Panics
+    /// If `out.len() != rows * cols`.
+    pub fn dequantize_into(&self, out: &mut [f32]) {
+        assert_eq!(
+            out.len(),
+            self.rows * self.cols,
+            "NVFP4 dequantize output length"
+        );
+        let s_dec = self.global_scale().s_dec;
+        crate::kernels::nvfp4_dequantize_rows(
+            &self.codes,
+            &self.scales,
+            self.cols,
+            self.padded_cols,
+            s_dec,
+            out,
+        );
     }
 }
 
@@ -181,41 +200,33 @@ pub fn quantize(
     let bpr = padded_cols / BLOCK;
     let mut codes = alloc::vec![0u8; rows * padded_cols / 2];
     let mut scales = alloc::vec![UE4M3(0); rows * bpr];
-    let mut pad = [0.0f32; BLOCK];
-    for r in 0..rows {
-        let row = &data[r * cols..][..cols];
-        for b in 0..bpr {
-            let start = b * BLOCK;
-            let src = if start + BLOCK <= cols {
-                &row[start..start + BLOCK]
-            } else {
-                pad.fill(0.0);
-                pad[..cols - start].copy_from_slice(&row[start..]);
-                &pad[..]
-            };
+    // Full blocks: the vectorised kernel (same arithmetic as `quantize_block_rne`).
+    crate::kernels::nvfp4_quantize_rows(data, cols, padded_cols, &g, &mut codes, &mut scales);
+    if padded_cols != cols {
+        // The zero-padded last block of each row.
+        let start = cols / BLOCK * BLOCK;
+        let mut pad = [0.0f32; BLOCK];
+        for r in 0..rows {
+            pad.fill(0.0);
+            pad[..cols - start].copy_from_slice(&data[r * cols + start..][..cols - start]);
             let out = &mut codes[(r * padded_cols + start) / 2..][..BLOCK / 2];
-            scales[r * bpr + b] = quantize_block_rne(src, &g, out);
+            scales[r * bpr + bpr - 1] = quantize_block_rne(&pad, &g, out);
         }
     }
-    Ok(Nvfp4Matrix { rows, cols, padded_cols, codes, scales, amax })
+    Ok(Nvfp4Matrix {
+        rows,
+        cols,
+        padded_cols,
+        codes,
+        scales,
+        amax,
+    })
 }
 
 /// Absolute maximum of a block (NaN-ignoring, like CUDA's `fmaxf`).
 #[inline(always)]
 pub fn block_amax(x: &[f32]) -> f32 {
-    let mut m = [0.0f32; 8];
-    let chunks = x.chunks_exact(8);
-    let rest = chunks.remainder();
-    for c in chunks {
-        for i in 0..8 {
-            m[i] = m[i].max(c[i].abs());
-        }
-    }
-    let mut a = rest.iter().fold(0.0f32, |a, v| a.max(v.abs()));
-    for v in m {
-        a = a.max(v);
-    }
-    a
+    crate::kernels::amax_slice(x)
 }
 
 /// Quantizes one block of 16 values with RNE; writes 8 packed bytes and returns the scale.

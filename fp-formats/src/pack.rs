@@ -57,15 +57,30 @@ pub fn pack_fp4_into(codes: &[u8], out: &mut [u8]) {
 /// Unpacks `n` 4-bit codes.
 pub fn unpack_fp4(packed: &[u8], n: usize) -> Result<Vec<u8>, FormatError> {
     if packed.len() != fp4_packed_len(n) {
-        return Err(FormatError::BadBufferLength { expected: fp4_packed_len(n), got: packed.len() });
+        return Err(FormatError::BadBufferLength {
+            expected: fp4_packed_len(n),
+            got: packed.len(),
+        });
     }
-    let mut out = Vec::with_capacity(n);
-    for &b in packed {
-        out.push(b & 0xF);
-        out.push(b >> 4);
-    }
-    out.truncate(n);
+    let mut out = alloc::vec![0u8; n];
+    unpack_fp4_into(packed, &mut out);
     Ok(out)
+}
+
+/// Unpacks `out.len()` 4-bit codes into a caller-provided buffer.
+///
+/// # Panics
+/// If `packed.len() != fp4_packed_len(out.len())`.
+pub fn unpack_fp4_into(packed: &[u8], out: &mut [u8]) {
+    assert_eq!(packed.len(), fp4_packed_len(out.len()), "fp4 packed length");
+    let mut pairs = out.chunks_exact_mut(2);
+    for (p, &b) in (&mut pairs).zip(packed) {
+        p[0] = b & 0xF;
+        p[1] = b >> 4;
+    }
+    if let [last] = pairs.into_remainder() {
+        *last = packed[packed.len() - 1] & 0xF;
+    }
 }
 
 /// Packs 6-bit codes (low 6 bits of each input byte) four per three bytes.
@@ -79,37 +94,65 @@ pub fn unpack_fp4(packed: &[u8], n: usize) -> Result<Vec<u8>, FormatError> {
 /// ```
 pub fn pack_fp6(codes: &[u8]) -> Vec<u8> {
     let mut out = alloc::vec![0u8; fp6_packed_len(codes.len())];
-    for (g, chunk) in codes.chunks(4).enumerate() {
+    pack_fp6_into(codes, &mut out);
+    out
+}
+
+/// Packs 6-bit codes into a caller-provided buffer of exactly [`fp6_packed_len`] bytes.
+///
+/// # Panics
+/// If `out.len() != fp6_packed_len(codes.len())`.
+pub fn pack_fp6_into(codes: &[u8], out: &mut [u8]) {
+    assert_eq!(out.len(), fp6_packed_len(codes.len()), "fp6 output length");
+    let groups = codes.chunks_exact(4);
+    let rest = groups.remainder();
+    for (g, o) in groups.zip(out.chunks_exact_mut(3)) {
+        let word = (g[0] & 0x3F) as u32
+            | ((g[1] & 0x3F) as u32) << 6
+            | ((g[2] & 0x3F) as u32) << 12
+            | ((g[3] & 0x3F) as u32) << 18;
+        o.copy_from_slice(&word.to_le_bytes()[..3]);
+    }
+    if !rest.is_empty() {
         let mut word = 0u32;
-        for (i, &c) in chunk.iter().enumerate() {
+        for (i, &c) in rest.iter().enumerate() {
             word |= ((c & 0x3F) as u32) << (6 * i);
         }
-        let nbytes = (chunk.len() * 6).div_ceil(8);
-        for b in 0..nbytes {
-            out[3 * g + b] = (word >> (8 * b)) as u8;
-        }
+        let start = codes.len() / 4 * 3;
+        let tail = &mut out[start..];
+        let n = tail.len();
+        tail.copy_from_slice(&word.to_le_bytes()[..n]);
     }
-    out
 }
 
 /// Unpacks `n` 6-bit codes.
 pub fn unpack_fp6(packed: &[u8], n: usize) -> Result<Vec<u8>, FormatError> {
     if packed.len() != fp6_packed_len(n) {
-        return Err(FormatError::BadBufferLength { expected: fp6_packed_len(n), got: packed.len() });
+        return Err(FormatError::BadBufferLength {
+            expected: fp6_packed_len(n),
+            got: packed.len(),
+        });
     }
-    let mut out = Vec::with_capacity(n);
-    for g in 0..n.div_ceil(4) {
+    let mut out = alloc::vec![0u8; n];
+    unpack_fp6_into(packed, &mut out);
+    Ok(out)
+}
+
+/// Unpacks `out.len()` 6-bit codes into a caller-provided buffer.
+///
+/// # Panics
+/// If `packed.len() != fp6_packed_len(out.len())`.
+pub fn unpack_fp6_into(packed: &[u8], out: &mut [u8]) {
+    assert_eq!(packed.len(), fp6_packed_len(out.len()), "fp6 packed length");
+    for (g, o) in out.chunks_mut(4).enumerate() {
         let mut word = 0u32;
         for b in 0..3 {
             if let Some(&byte) = packed.get(3 * g + b) {
                 word |= (byte as u32) << (8 * b);
             }
         }
-        for i in 0..4 {
-            if out.len() < n {
-                out.push(((word >> (6 * i)) & 0x3F) as u8);
-            }
+        for (i, c) in o.iter_mut().enumerate() {
+            *c = ((word >> (6 * i)) & 0x3F) as u8;
         }
     }
-    Ok(out)
 }

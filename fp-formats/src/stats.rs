@@ -39,12 +39,17 @@ impl ErrorStats {
     /// # Panics
     /// If the slices differ in length.
     pub fn new(original: &[f32], dequantized: &[f32], clipped: usize) -> Self {
-        assert_eq!(original.len(), dequantized.len(), "ErrorStats: length mismatch");
+        assert_eq!(
+            original.len(),
+            dequantized.len(),
+            "ErrorStats: length mismatch"
+        );
         let n = original.len();
         if n == 0 {
             return ErrorStats::default();
         }
-        let (mut sig, mut noise, mut err_sum, mut mag_sum, mut max_err) = (0.0, 0.0, 0.0, 0.0, 0.0f64);
+        let (mut sig, mut noise, mut err_sum, mut mag_sum, mut max_err) =
+            (0.0, 0.0, 0.0, 0.0, 0.0f64);
         let mut flushed = 0usize;
         for (&x, &y) in original.iter().zip(dequantized) {
             let (x, y) = (x as f64, y as f64);
@@ -61,7 +66,11 @@ impl ErrorStats {
             count: n,
             rmse: (noise / nf).sqrt(),
             sqnr_db: 10.0 * (sig / noise).log10(),
-            relative_bias: if mag_sum > 0.0 { err_sum / mag_sum } else { 0.0 },
+            relative_bias: if mag_sum > 0.0 {
+                err_sum / mag_sum
+            } else {
+                0.0
+            },
             max_abs_error: max_err,
             clipped_fraction: clipped as f64 / nf,
             flushed_fraction: flushed as f64 / nf,

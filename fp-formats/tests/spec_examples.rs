@@ -26,7 +26,13 @@ fn nvfp4_worked_example() {
     assert_eq!(q.scale_bytes(), &[0x6C, 0x7E]);
     assert_eq!(g.block_encode_factor(UE4M3(0x6C)), 2.8);
     assert_eq!(g.block_encode_factor(UE4M3(0x7E)), 0.599_999_96);
-    assert_eq!(q.codes, vec![0x10, 0x29, 0xB3, 0x54, 0xD5, 0x66, 0x7E, 0x77, 0xF7, 0x11, 0x11, 0x11, 0x11, 0x11, 0x11, 0x11]);
+    assert_eq!(
+        q.codes,
+        vec![
+            0x10, 0x29, 0xB3, 0x54, 0xD5, 0x66, 0x7E, 0x77, 0xF7, 0x11, 0x11, 0x11, 0x11, 0x11,
+            0x11, 0x11
+        ]
+    );
     let d = q.dequantize();
     let expect0 = [
         0.0, 0.17857, -0.17857, 0.35714, 0.53571, -0.53571, 0.71429, 1.07143, 1.07143, -1.07143,
@@ -86,7 +92,10 @@ fn nvfp4_errors_and_padding() {
     let x = vec![1.0f32; 20];
     assert_eq!(
         nvfp4::quantize(&x, 1, 20, Nvfp4Options::default()),
-        Err(FormatError::NotDivisible { cols: 20, block: 16 })
+        Err(FormatError::NotDivisible {
+            cols: 20,
+            block: 16
+        })
     );
     assert!(matches!(
         nvfp4::quantize(&x, 2, 16, Nvfp4Options::default()),
@@ -98,7 +107,15 @@ fn nvfp4_errors_and_padding() {
         nvfp4::quantize(&bad, 1, 16, Nvfp4Options::default()),
         Err(FormatError::NonFinite { index: 5, .. })
     ));
-    let q = nvfp4::quantize(&x, 1, 20, Nvfp4Options { padding: Padding::Zero }).unwrap();
+    let q = nvfp4::quantize(
+        &x,
+        1,
+        20,
+        Nvfp4Options {
+            padding: Padding::Zero,
+        },
+    )
+    .unwrap();
     assert_eq!(q.padded_cols, 32);
     assert_eq!(q.dequantize(), x);
 }
@@ -106,15 +123,30 @@ fn nvfp4_errors_and_padding() {
 #[test]
 fn mx_scale_rules_spec_examples() {
     let e = |rule: ScaleRule, amax: f32| rule.scale::<E4M3>(amax).exponent().unwrap();
-    assert_eq!((e(ScaleRule::Floor, 1.0), e(ScaleRule::Rceil, 1.0)), (-8, -8));
-    assert_eq!((e(ScaleRule::Floor, 448.0), e(ScaleRule::Rceil, 448.0)), (0, 0));
-    assert_eq!((e(ScaleRule::Floor, 449.0), e(ScaleRule::Rceil, 449.0)), (0, 1));
-    assert_eq!((e(ScaleRule::Floor, 500.0), e(ScaleRule::Rceil, 500.0)), (0, 1));
+    assert_eq!(
+        (e(ScaleRule::Floor, 1.0), e(ScaleRule::Rceil, 1.0)),
+        (-8, -8)
+    );
+    assert_eq!(
+        (e(ScaleRule::Floor, 448.0), e(ScaleRule::Rceil, 448.0)),
+        (0, 0)
+    );
+    assert_eq!(
+        (e(ScaleRule::Floor, 449.0), e(ScaleRule::Rceil, 449.0)),
+        (0, 1)
+    );
+    assert_eq!(
+        (e(ScaleRule::Floor, 500.0), e(ScaleRule::Rceil, 500.0)),
+        (0, 1)
+    );
     let f = |rule: ScaleRule, amax: f32| rule.scale::<E2M1>(amax).exponent().unwrap();
     assert_eq!((f(ScaleRule::Floor, 6.0), f(ScaleRule::Rceil, 6.0)), (0, 0));
     assert_eq!((f(ScaleRule::Floor, 7.0), f(ScaleRule::Rceil, 7.0)), (0, 1));
     assert_eq!((f(ScaleRule::Floor, 8.0), f(ScaleRule::Rceil, 8.0)), (1, 1));
-    assert_eq!((f(ScaleRule::Floor, 1.0), f(ScaleRule::Rceil, 1.0)), (-2, -2));
+    assert_eq!(
+        (f(ScaleRule::Floor, 1.0), f(ScaleRule::Rceil, 1.0)),
+        (-2, -2)
+    );
     // CEIL and EVEN (torchao definitions).
     assert_eq!(f(ScaleRule::Ceil, 6.0), 1); // ceil(log2 6) = 3, minus 2
     assert_eq!(f(ScaleRule::Ceil, 4.0), 0);
@@ -152,8 +184,19 @@ fn mx_element_values_spec_examples() {
 
 #[test]
 fn mx_all_elements_round_trip_representable_values() {
-    for element in [MxElement::E4M3, MxElement::E5M2, MxElement::E2M3, MxElement::E3M2, MxElement::E2M1] {
-        for rule in [ScaleRule::Floor, ScaleRule::Rceil, ScaleRule::Ceil, ScaleRule::Even] {
+    for element in [
+        MxElement::E4M3,
+        MxElement::E5M2,
+        MxElement::E2M3,
+        MxElement::E3M2,
+        MxElement::E2M1,
+    ] {
+        for rule in [
+            ScaleRule::Floor,
+            ScaleRule::Rceil,
+            ScaleRule::Ceil,
+            ScaleRule::Even,
+        ] {
             // Powers of two times small integers are exact in every element format at a
             // suitable scale; check the packing round trip and shapes.
             let x: Vec<f32> = (0..64 * 3).map(|i| ((i % 7) as f32 - 3.0) * 0.5).collect();
@@ -162,7 +205,10 @@ fn mx_all_elements_round_trip_representable_values() {
             assert_eq!(q.codes.len(), 3 * element.packed_len(64));
             let d = q.dequantize();
             for (a, b) in x.iter().zip(&d) {
-                assert!((a - b).abs() <= 0.25 * a.abs() + 1e-6, "{element:?} {rule:?}: {a} vs {b}");
+                assert!(
+                    (a - b).abs() <= 0.25 * a.abs() + 1e-6,
+                    "{element:?} {rule:?}: {a} vs {b}"
+                );
             }
         }
     }

@@ -1,0 +1,262 @@
+//! The GPU context: loaded PTX modules, the stream, and device buffers.
+
+use std::sync::{Arc, Mutex};
+
+use cudarc::driver::{
+    CudaContext, CudaFunction, CudaSlice, CudaStream, LaunchConfig, PushKernelArg,
+};
+use cudarc::nvrtc::Ptx;
+
+use crate::ptx::{Arch, Module};
+use crate::{KernelError, Result};
+
+/// Threads per block of every kernel (the tile kernels are written for exactly 256).
+pub(crate) const THREADS: u32 = 256;
+
+/// A row-major `[rows, cols]` f32 matrix in device memory.
+#[derive(Debug)]
+pub struct DeviceMatrix {
+    /// Rows.
+    pub rows: usize,
+    /// Columns.
+    pub cols: usize,
+    /// `rows * cols` elements.
+    pub data: CudaSlice<f32>,
+}
+
+/// Every kernel entry point.
+pub(crate) struct Kernels {
+    pub amax: CudaFunction,
+    pub amax_rht_col: CudaFunction,
+    pub nvfp4_quantize: CudaFunction,
+    pub nvfp4_dequantize: CudaFunction,
+    pub nvfp4_to_bf16: CudaFunction,
+    pub f32_to_bf16: CudaFunction,
+    pub swizzle_scales: CudaFunction,
+    pub mx_quantize: CudaFunction,
+    pub mx_dequantize: CudaFunction,
+    pub mx_to_bf16: CudaFunction,
+    pub fp8_quantize: CudaFunction,
+    pub fp8_dequantize: CudaFunction,
+}
+
+/// cuBLASLt state, created on first use (so that quantization works where cuBLASLt is not
+/// installed).
+pub(crate) struct Blas {
+    pub safe: cudarc::cublaslt::CudaBlasLT,
+    pub handle: cudarc::cublaslt::sys::cublasLtHandle_t,
+    pub workspace: CudaSlice<u8>,
+}
+
+// SAFETY: the raw handle is only used while the `Mutex` in `GpuContext` is held (or from the
+// thread that owns the `CudaBlasLT`, which is itself Send + Sync).
+unsafe impl Send for Blas {}
+
+/// A CUDA context on one device with Nibble's kernels loaded.
+pub struct GpuContext {
+    pub(crate) ctx: Arc<CudaContext>,
+    pub(crate) stream: Arc<CudaStream>,
+    pub(crate) arch: Arch,
+    pub(crate) cc: (i32, i32),
+    pub(crate) k: Kernels,
+    pub(crate) blas: Mutex<Option<Blas>>,
+    name: String,
+}
+
+impl std::fmt::Debug for GpuContext {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("GpuContext")
+            .field("name", &self.name)
+            .field("compute_capability", &self.cc)
+            .field("ptx", &self.arch.tag())
+            .finish()
+    }
+}
+
+impl GpuContext {
+    /// Loads the PTX for the device's architecture ([`Arch::for_device`]) into `ctx`.
+    ///
+    /// # Errors
+    /// [`KernelError::Unsupported`] below compute capability 9.0; driver errors (e.g. a PTX
+    /// version the driver cannot JIT).
+    pub fn new(ctx: Arc<CudaContext>) -> Result<GpuContext> {
+        let cc = ctx.compute_capability()?;
+        let arch = Arch::for_device(cc.0, cc.1).ok_or_else(|| {
+            KernelError::Unsupported(format!(
+                "compute capability {}.{}: the PTX targets 9.0 and later",
+                cc.0, cc.1
+            ))
+        })?;
+        let name = ctx.name().unwrap_or_else(|_| "?".into());
+        let load = |m: &Module| ctx.load_module(Ptx::from_src(m.ptx(arch)));
+        let nvfp4 = load(&crate::ptx::NVFP4)?;
+        let mx = load(&crate::ptx::MX)?;
+        let fp8 = load(&crate::ptx::FP8)?;
+        let k = Kernels {
+            amax: nvfp4.load_function("nb_amax")?,
+            amax_rht_col: nvfp4.load_function("nb_amax_rht_col")?,
+            nvfp4_quantize: nvfp4.load_function("nb_nvfp4_quantize")?,
+            nvfp4_dequantize: nvfp4.load_function("nb_nvfp4_dequantize")?,
+            nvfp4_to_bf16: nvfp4.load_function("nb_nvfp4_to_bf16")?,
+            f32_to_bf16: nvfp4.load_function("nb_f32_to_bf16")?,
+            swizzle_scales: nvfp4.load_function("nb_swizzle_scales")?,
+            mx_quantize: mx.load_function("nb_mx_quantize")?,
+            mx_dequantize: mx.load_function("nb_mx_dequantize")?,
+            mx_to_bf16: mx.load_function("nb_mx_to_bf16")?,
+            fp8_quantize: fp8.load_function("nb_fp8_quantize")?,
+            fp8_dequantize: fp8.load_function("nb_fp8_dequantize")?,
+        };
+        let stream = ctx.default_stream();
+        Ok(GpuContext {
+            ctx,
+            stream,
+            arch,
+            cc,
+            k,
+            blas: Mutex::new(None),
+            name,
+        })
+    }
+
+    /// The device name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// Compute capability `(major, minor)`.
+    pub fn compute_capability(&self) -> (i32, i32) {
+        self.cc
+    }
+
+    /// The PTX target that was loaded.
+    pub fn arch(&self) -> Arch {
+        self.arch
+    }
+
+    /// The CUDA context.
+    pub fn context(&self) -> &Arc<CudaContext> {
+        &self.ctx
+    }
+
+    /// The stream every operation of this context runs on.
+    pub fn stream(&self) -> &Arc<CudaStream> {
+        &self.stream
+    }
+
+    /// Waits for all queued work.
+    pub fn synchronize(&self) -> Result<()> {
+        self.stream.synchronize()?;
+        Ok(())
+    }
+
+    /// Copies a row-major `[rows, cols]` matrix to the device.
+    ///
+    /// # Errors
+    /// A shape mismatch (as `quant` reports it) or a driver error.
+    pub fn upload(&self, x: &[f32], rows: usize, cols: usize) -> Result<DeviceMatrix> {
+        if rows.checked_mul(cols) != Some(x.len()) {
+            return Err(
+                quant::QuantError::Format(fp_formats::FormatError::ShapeMismatch {
+                    rows,
+                    cols,
+                    expected: rows.saturating_mul(cols),
+                    got: x.len(),
+                })
+                .into(),
+            );
+        }
+        Ok(DeviceMatrix {
+            rows,
+            cols,
+            data: self.stream.clone_htod(x)?,
+        })
+    }
+
+    /// Copies a device buffer to the host (synchronizes).
+    pub fn download<T: cudarc::driver::DeviceRepr + Default + Clone>(
+        &self,
+        s: &CudaSlice<T>,
+    ) -> Result<Vec<T>> {
+        Ok(self.stream.clone_dtoh(s)?)
+    }
+
+    /// A zeroed device buffer of `n` elements (`n` may be 0: one element is allocated).
+    pub(crate) fn zeros<T: cudarc::driver::DeviceRepr + cudarc::driver::ValidAsZeroBits>(
+        &self,
+        n: usize,
+    ) -> Result<CudaSlice<T>> {
+        Ok(self.stream.alloc_zeros::<T>(n.max(1))?)
+    }
+
+    /// The tensor's absolute maximum, NaN-ignoring (CUDA `fmaxf`, like `quant`'s amax).
+    pub fn amax(&self, x: &DeviceMatrix) -> Result<f32> {
+        let mut out = self.zeros::<u32>(4)?;
+        self.launch_amax(&x.data, x.rows * x.cols, &mut out)?;
+        let bits = self.download(&out)?;
+        Ok(f32::from_bits(bits[0]))
+    }
+
+    pub(crate) fn launch_amax(
+        &self,
+        x: &CudaSlice<f32>,
+        n: usize,
+        out: &mut CudaSlice<u32>,
+    ) -> Result<()> {
+        let n64 = n as u64;
+        let mut b = self.stream.launch_builder(&self.k.amax);
+        b.arg(x).arg(&n64).arg(out);
+        // SAFETY: nb_amax(const float*, u64, u32*) reads n floats and writes out[0..2].
+        unsafe { b.launch(grid_stride_cfg(n.div_ceil(4)))? };
+        Ok(())
+    }
+
+    /// Converts f32 to BF16 with round-to-nearest-even (`fp_formats::round_to_bf16`).
+    pub fn to_bf16(&self, x: &CudaSlice<f32>) -> Result<CudaSlice<half::bf16>> {
+        let n = x.len();
+        let mut out = self.zeros::<half::bf16>(n)?;
+        let n64 = n as u64;
+        let mut b = self.stream.launch_builder(&self.k.f32_to_bf16);
+        b.arg(x).arg(&n64).arg(&mut out);
+        // SAFETY: nb_f32_to_bf16(const float*, u64, u16*) writes n elements.
+        unsafe { b.launch(grid_stride_cfg(n))? };
+        Ok(out)
+    }
+
+    /// Swizzles a `[rows, scale_cols]` block-scale matrix on the device into the 128x4-tile
+    /// layout of [`crate::swizzle`] (zero padded).
+    pub fn swizzle_scales(
+        &self,
+        scales: &CudaSlice<u8>,
+        rows: usize,
+        scale_cols: usize,
+    ) -> Result<CudaSlice<u8>> {
+        if scales.len() < rows * scale_cols {
+            return Err(KernelError::Unsupported(
+                "scale buffer shorter than rows * scale_cols".into(),
+            ));
+        }
+        let (pr, pc) = crate::swizzle::swizzled_shape(rows, scale_cols);
+        let mut out = self.zeros::<u8>(pr * pc)?;
+        let (r, c) = (to_i32(rows)?, to_i32(scale_cols)?);
+        let mut b = self.stream.launch_builder(&self.k.swizzle_scales);
+        b.arg(scales).arg(&r).arg(&c).arg(&mut out);
+        // SAFETY: nb_swizzle_scales(const u8*, int, int, u8*) writes inside the padded buffer.
+        unsafe { b.launch(grid_stride_cfg(rows * scale_cols))? };
+        Ok(out)
+    }
+}
+
+/// A 1D grid-stride launch over `n` work items.
+pub(crate) fn grid_stride_cfg(n: usize) -> LaunchConfig {
+    let blocks = n.div_ceil(THREADS as usize).clamp(1, 132 * 32) as u32;
+    LaunchConfig {
+        grid_dim: (blocks, 1, 1),
+        block_dim: (THREADS, 1, 1),
+        shared_mem_bytes: 0,
+    }
+}
+
+/// A dimension as the kernels' `int`.
+pub(crate) fn to_i32(v: usize) -> Result<i32> {
+    i32::try_from(v).map_err(|_| KernelError::Unsupported(format!("dimension {v} exceeds i32")))
+}

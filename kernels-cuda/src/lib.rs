@@ -1,0 +1,77 @@
+//! # kernels-cuda
+//!
+//! The GPU half of Nibble's quantization stack: CUDA kernels that reproduce `quant`'s CPU
+//! quantizers **bit for bit**, and cuBLASLt GEMMs.
+//!
+//! * **Kernels** (`cuda/*.cu`, compiled by `cargo xtask ptx` into committed PTX that is
+//!   embedded with `include_str!`; no build script, no CUDA toolkit needed to build):
+//!   NVFP4 (1x16 blocks and 16x16 tiles, rowwise and columnwise, the 16-point random Hadamard
+//!   transform with post-RHT amax, nearest-even and stochastic rounding from the same
+//!   Philox4x32-10 stream as `quant`), MX (MXFP8 E4M3/E5M2 and MXFP4, scale rules FLOOR,
+//!   RCEIL, CEIL, EVEN, stochastic rounding, 3/4 prescale, RHT), per-tensor FP8 (E4M3/E5M2,
+//!   current or delayed scaling), amax reductions, dequantization, and a fused cast+transpose
+//!   that writes the rowwise and columnwise copies from one read of the input
+//!   ([`GpuContext::cast_transpose`]).
+//! * **GEMMs** ([`GpuContext::gemm_bf16`], [`GpuContext::gemm_f32`] through cudarc's safe
+//!   cuBLASLt API; [`GpuContext::gemm_fp8`] natively on Hopper; NVFP4 / MX emulated on Hopper
+//!   by exact dequantization to BF16 and a BF16 GEMM with the per-tensor factor in the
+//!   epilogue ([`GpuContext::gemm_emulated`]); the Blackwell block-scaled path
+//!   ([`GpuContext::gemm_block_scaled`], `VEC16_UE4M3` / `VEC32_UE8M0` with the 128x4
+//!   swizzled scales of [`swizzle`]) selected only on compute capability 10.x).
+//! * **Probe** ([`probe`]): [`Gpu::Unavailable`] with a reason on machines without a driver
+//!   or device (CI), never a panic.
+//!
+//! Every quantizer takes the same inputs as its `quant` counterpart (a row-major f32 tensor,
+//! a [`quant::Usage`], a [`quant::OperandQuant`], a [`quant::RngKey`]) and produces a
+//! [`DeviceQuantized`] whose [`DeviceQuantized::to_host`] is a [`quant::QuantizedTensor`]
+//! with the same layout; the GPU tests compare them byte for byte.
+//!
+//! ```no_run
+//! use kernels_cuda::{probe, Gpu, GpuContext};
+//! use quant::{OperandQuant, RngKey, Usage};
+//! let Gpu::Ready(ctx) = probe() else { return };
+//! let gpu = GpuContext::new(ctx).unwrap();
+//! let x: Vec<f32> = (0..256 * 512).map(|i| (i as f32 * 0.01).sin()).collect();
+//! let dx = gpu.upload(&x, 256, 512).unwrap();
+//! let q = OperandQuant::nvfp4();
+//! let t = gpu.quantize_nvfp4(&dx, Usage::Rowwise, &q, RngKey::default()).unwrap();
+//! let cpu = quant::nvfp4::quantize(&x, 256, 512, Usage::Rowwise, &q, RngKey::default()).unwrap();
+//! assert_eq!(t.to_host().unwrap(), cpu);
+//! ```
+#![warn(missing_docs)]
+
+#[doc(hidden)]
+pub mod abi;
+mod gemm;
+mod gpu;
+pub mod probe;
+pub mod ptx;
+mod quantize;
+pub mod swizzle;
+
+pub use gpu::{DeviceMatrix, GpuContext};
+pub use probe::{probe, Gpu};
+pub use quantize::{DeviceQuantized, QuantJob};
+
+/// Why a GPU operation failed.
+#[derive(Debug, thiserror::Error)]
+pub enum KernelError {
+    /// A CUDA driver call failed.
+    #[error("CUDA driver: {0}")]
+    Driver(#[from] cudarc::driver::DriverError),
+    /// A cuBLASLt call failed (e.g. `CUBLAS_STATUS_NOT_SUPPORTED` from the heuristic query).
+    #[error("cuBLASLt: {0}")]
+    Blas(#[from] cudarc::cublaslt::result::CublasError),
+    /// The same configuration or shape error `quant` reports.
+    #[error(transparent)]
+    Quant(#[from] quant::QuantError),
+    /// The input holds NaN or ±Inf (`quant` rejects it as well, with the element's index).
+    #[error("non-finite input (amax bits {0:#010x})")]
+    NonFinite(u32),
+    /// A configuration the GPU path does not implement (named in the message).
+    #[error("not supported on the GPU path: {0}")]
+    Unsupported(String),
+}
+
+/// `Result` with [`KernelError`].
+pub type Result<T, E = KernelError> = std::result::Result<T, E>;

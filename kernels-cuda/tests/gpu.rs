@@ -1,0 +1,837 @@
+//! GPU tests: every kernel against `quant` byte for byte on training-sized and odd-shaped
+//! inputs (stochastic rounding with the same seeds included), and the GEMMs against the CPU
+//! emulated GEMM within accumulation-order tolerance.
+//!
+//! Every test starts with the probe. Without a usable GPU it prints
+//! `SKIP <test>: <reason>` straight to stderr (visible without `--nocapture`) and returns, so
+//! `cargo test` stays green on CI. With a GPU, a failure to load the kernels fails the test.
+
+mod common;
+
+use std::io::Write as _;
+use std::sync::OnceLock;
+
+use common::{assert_same, data, KEY};
+use fp_formats::mx::{MxElement, ScaleRule};
+use kernels_cuda::{DeviceMatrix, Gpu, GpuContext, KernelError};
+use quant::qgemm::{quantized_matmul_tn, Operand};
+use quant::{
+    AmaxAlgo, BlockShape, Fp8Element, Fp8Scaling, OperandQuant, QuantFormat, QuantState, Rht,
+    RngKey, RoundingMode, Usage,
+};
+
+enum State {
+    Ready(Box<GpuContext>),
+    Skip(String),
+    Broken(String),
+}
+
+fn gpu(test: &str) -> Option<&'static GpuContext> {
+    static GPU: OnceLock<State> = OnceLock::new();
+    let state = GPU.get_or_init(|| match kernels_cuda::probe() {
+        Gpu::Unavailable(why) => State::Skip(why),
+        Gpu::Ready(ctx) => match GpuContext::new(ctx) {
+            Ok(g) => {
+                let _ = writeln!(
+                    std::io::stderr(),
+                    "GPU: {} (cc {:?}, PTX {})",
+                    g.name(),
+                    g.compute_capability(),
+                    g.arch().tag()
+                );
+                State::Ready(Box::new(g))
+            }
+            Err(KernelError::Unsupported(why)) => State::Skip(why),
+            Err(e) => State::Broken(format!("{e}")),
+        },
+    });
+    match state {
+        State::Ready(g) => Some(g),
+        State::Skip(why) => {
+            // One write, straight to stderr: libtest does not capture it.
+            let _ = std::io::stderr().write_all(format!("SKIP {test}: {why}\n").as_bytes());
+            None
+        }
+        State::Broken(e) => panic!("{test}: a GPU is present but the kernels failed to load: {e}"),
+    }
+}
+
+// ------------------------------------------------------------------------------------------
+// Inputs
+// ------------------------------------------------------------------------------------------
+
+/// Training-sized shapes plus odd ones (padding in both dimensions, row strides that are not
+/// multiples of 4, single rows).
+const SHAPES: &[(usize, usize)] = &[
+    (2048, 4096),
+    (4096, 1024),
+    (64, 48),
+    (37, 100),
+    (1, 16),
+    (130, 202),
+    (33, 7),
+];
+/// Shapes whose row count is a multiple of 16 (columnwise RHT transforms along the rows).
+const RHT_SHAPES: &[(usize, usize)] = &[(4096, 2048), (1024, 1000), (48, 37), (16, 16), (272, 130)];
+
+fn upload(g: &GpuContext, x: &[f32], rows: usize, cols: usize) -> DeviceMatrix {
+    g.upload(x, rows, cols).expect("upload")
+}
+
+#[allow(clippy::too_many_arguments)]
+fn check_one(
+    g: &GpuContext,
+    x: &[f32],
+    rows: usize,
+    cols: usize,
+    usage: Usage,
+    q: &OperandQuant,
+    key: RngKey,
+    what: &str,
+) {
+    let dx = upload(g, x, rows, cols);
+    let mut st_gpu = QuantState::new();
+    let mut st_cpu = QuantState::new();
+    let t = g
+        .quantize(&dx, usage, q, key, &mut st_gpu)
+        .unwrap_or_else(|e| panic!("{what}: {e}"));
+    let host = t.to_host().expect("download");
+    let cpu = quant::fake::quantize(x, rows, cols, usage, q, key, &mut st_cpu)
+        .unwrap_or_else(|e| panic!("{what}: cpu {e}"));
+    assert_same(&host, &cpu, what);
+    // Dequantization: bit for bit too.
+    let deq = g
+        .download(&g.dequantize(&t).expect("dequantize"))
+        .expect("download");
+    let want = cpu.dequantize();
+    assert_eq!(deq.len(), want.len(), "{what}: dequantized length");
+    if let Some(i) = deq
+        .iter()
+        .zip(&want)
+        .position(|(a, b)| a.to_bits() != b.to_bits())
+    {
+        panic!(
+            "{what}: dequantized element {i}: gpu {} cpu {}",
+            deq[i], want[i]
+        );
+    }
+}
+
+// ------------------------------------------------------------------------------------------
+// NVFP4
+// ------------------------------------------------------------------------------------------
+
+fn nvfp4_variants() -> Vec<(String, OperandQuant)> {
+    let base = OperandQuant::nvfp4();
+    let mut v = Vec::new();
+    for block in [BlockShape::Row16, BlockShape::Tile16] {
+        for rounding in [RoundingMode::NearestEven, RoundingMode::Stochastic] {
+            v.push((
+                format!("{block:?}/{rounding:?}"),
+                base.with_block(block).with_rounding(rounding),
+            ));
+        }
+    }
+    v
+}
+
+#[test]
+fn nvfp4_rowwise_and_columnwise_match_quant() {
+    let Some(g) = gpu("nvfp4_rowwise_and_columnwise_match_quant") else {
+        return;
+    };
+    for (si, &(rows, cols)) in SHAPES.iter().enumerate() {
+        let x = data(rows, cols, 100 + si as u64);
+        for (name, q) in nvfp4_variants() {
+            for usage in [Usage::Rowwise, Usage::Columnwise] {
+                check_one(
+                    g,
+                    &x,
+                    rows,
+                    cols,
+                    usage,
+                    &q,
+                    KEY,
+                    &format!("nvfp4 {name} {usage:?} {rows}x{cols}"),
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn nvfp4_columnwise_rht_matches_quant() {
+    let Some(g) = gpu("nvfp4_columnwise_rht_matches_quant") else {
+        return;
+    };
+    for (si, &(rows, cols)) in RHT_SHAPES.iter().enumerate() {
+        let x = data(rows, cols, 200 + si as u64);
+        for rht in [Rht::FixedSigns, Rht::RandomSigns] {
+            for rounding in [RoundingMode::NearestEven, RoundingMode::Stochastic] {
+                for block in [BlockShape::Row16, BlockShape::Tile16] {
+                    let q = OperandQuant::nvfp4()
+                        .with_rht(rht)
+                        .with_rounding(rounding)
+                        .with_block(block);
+                    check_one(
+                        g,
+                        &x,
+                        rows,
+                        cols,
+                        Usage::Columnwise,
+                        &q,
+                        KEY,
+                        &format!("nvfp4 RHT {rht:?} {rounding:?} {block:?} {rows}x{cols}"),
+                    );
+                }
+            }
+        }
+        let key2 = RngKey {
+            seed: 7,
+            stream: u64::MAX - 3,
+        };
+        let q = OperandQuant::nvfp4()
+            .with_rht(Rht::RandomSigns)
+            .with_rounding(RoundingMode::Stochastic);
+        check_one(
+            g,
+            &x,
+            rows,
+            cols,
+            Usage::Columnwise,
+            &q,
+            key2,
+            &format!("nvfp4 RHT other key {rows}x{cols}"),
+        );
+    }
+}
+
+#[test]
+fn nvfp4_cast_transpose_equals_two_quantizations() {
+    let Some(g) = gpu("nvfp4_cast_transpose_equals_two_quantizations") else {
+        return;
+    };
+    let paper = quant::GemmPolicy::nvfp4_paper();
+    // (rowwise setting, columnwise setting): gradients (1x16 SR / 1x16 SR + RHT), weights
+    // (16x16 both), activations (1x16 RNE / 1x16 RNE + RHT).
+    let cases = [
+        (paper.dgrad.a, paper.wgrad.a),
+        (paper.fprop.b, paper.dgrad.b),
+        (paper.fprop.a, paper.wgrad.b),
+    ];
+    let row_key = RngKey {
+        seed: 11,
+        stream: 1,
+    };
+    let col_key = RngKey {
+        seed: 12,
+        stream: 2,
+    };
+    for &(rows, cols) in &[(4096usize, 4096usize), (96, 80), (272, 130)] {
+        let x = data(rows, cols, rows as u64 ^ cols as u64);
+        let dx = upload(g, &x, rows, cols);
+        for (ci, (qr, qc)) in cases.iter().enumerate() {
+            let (r, c) = g
+                .cast_transpose(&dx, (qr, row_key), (qc, col_key), &mut QuantState::new())
+                .expect("cast_transpose");
+            let cr =
+                quant::nvfp4::quantize(&x, rows, cols, Usage::Rowwise, qr, row_key).expect("cpu");
+            let cc = quant::nvfp4::quantize(&x, rows, cols, Usage::Columnwise, qc, col_key)
+                .expect("cpu");
+            assert_same(
+                &r.to_host().expect("dl"),
+                &cr,
+                &format!("cast_transpose case {ci} rowwise {rows}x{cols}"),
+            );
+            assert_same(
+                &c.to_host().expect("dl"),
+                &cc,
+                &format!("cast_transpose case {ci} columnwise {rows}x{cols}"),
+            );
+        }
+    }
+}
+
+#[test]
+fn nvfp4_rejects_non_finite_input_and_bad_configs() {
+    let Some(g) = gpu("nvfp4_rejects_non_finite_input_and_bad_configs") else {
+        return;
+    };
+    let (rows, cols) = (64, 64);
+    for bad in [f32::NAN, f32::INFINITY, f32::NEG_INFINITY] {
+        let mut x = data(rows, cols, 5);
+        x[777] = bad;
+        let dx = upload(g, &x, rows, cols);
+        let q = OperandQuant::nvfp4();
+        assert!(quant::nvfp4::quantize(&x, rows, cols, Usage::Rowwise, &q, KEY).is_err());
+        match g.quantize_nvfp4(&dx, Usage::Rowwise, &q, KEY) {
+            Err(KernelError::NonFinite(_)) => {}
+            other => panic!("{bad}: expected NonFinite, got {other:?}"),
+        }
+    }
+    let dx = upload(g, &data(40, 32, 1), 40, 32);
+    let rht = OperandQuant::nvfp4().with_rht(Rht::FixedSigns);
+    assert!(
+        g.quantize_nvfp4(&dx, Usage::Rowwise, &rht, KEY).is_err(),
+        "RHT is columnwise only"
+    );
+    assert!(
+        g.quantize_nvfp4(&dx, Usage::Columnwise, &rht, KEY).is_err(),
+        "RHT needs rows % 16 == 0"
+    );
+}
+
+#[test]
+fn amax_and_repeat_launches_are_deterministic() {
+    let Some(g) = gpu("amax_and_repeat_launches_are_deterministic") else {
+        return;
+    };
+    for &(rows, cols) in &[(4096usize, 4099usize), (3, 5), (1, 1)] {
+        let x = data(rows, cols, 9);
+        let dx = upload(g, &x, rows, cols);
+        let want = x.iter().fold(0.0f32, |m, v| m.max(v.abs()));
+        assert_eq!(
+            g.amax(&dx).expect("amax").to_bits(),
+            want.to_bits(),
+            "{rows}x{cols}"
+        );
+    }
+    let (rows, cols) = (2048, 2048);
+    let x = data(rows, cols, 10);
+    let dx = upload(g, &x, rows, cols);
+    let q = OperandQuant::nvfp4()
+        .with_rht(Rht::FixedSigns)
+        .with_rounding(RoundingMode::Stochastic);
+    let mut job = g
+        .prepare_nvfp4(&dx, Some((&OperandQuant::nvfp4(), KEY)), Some((&q, KEY)))
+        .expect("prepare");
+    for _ in 0..5 {
+        job.launch().expect("launch");
+    }
+    let (r, c) = job.finish().expect("finish");
+    assert_same(
+        &r.unwrap().to_host().unwrap(),
+        &quant::nvfp4::quantize(&x, rows, cols, Usage::Rowwise, &OperandQuant::nvfp4(), KEY)
+            .unwrap(),
+        "repeat rowwise",
+    );
+    assert_same(
+        &c.unwrap().to_host().unwrap(),
+        &quant::nvfp4::quantize(&x, rows, cols, Usage::Columnwise, &q, KEY).unwrap(),
+        "repeat columnwise",
+    );
+}
+
+// ------------------------------------------------------------------------------------------
+// MX
+// ------------------------------------------------------------------------------------------
+
+#[test]
+fn mx_matches_quant() {
+    let Some(g) = gpu("mx_matches_quant") else {
+        return;
+    };
+    let elements = [MxElement::E4M3, MxElement::E5M2, MxElement::E2M1];
+    let rules = [
+        ScaleRule::Rceil,
+        ScaleRule::Floor,
+        ScaleRule::Ceil,
+        ScaleRule::Even,
+    ];
+    for (si, &(rows, cols)) in SHAPES.iter().enumerate() {
+        let x = data(rows, cols, 300 + si as u64);
+        for element in elements {
+            for rule in rules {
+                let q = OperandQuant::mx(element, rule);
+                for usage in [Usage::Rowwise, Usage::Columnwise] {
+                    check_one(
+                        g,
+                        &x,
+                        rows,
+                        cols,
+                        usage,
+                        &q,
+                        KEY,
+                        &format!("mx {element:?} {rule:?} {usage:?} {rows}x{cols}"),
+                    );
+                    let sr = q.with_rounding(RoundingMode::Stochastic);
+                    check_one(
+                        g,
+                        &x,
+                        rows,
+                        cols,
+                        usage,
+                        &sr,
+                        KEY,
+                        &format!("mx SR {element:?} {rule:?} {usage:?} {rows}x{cols}"),
+                    );
+                }
+            }
+        }
+        // Tseng et al.'s prescaled stochastic MXFP4.
+        let tseng = OperandQuant {
+            format: QuantFormat::Mx {
+                element: MxElement::E2M1,
+                rule: ScaleRule::Floor,
+                sr_prescale: true,
+            },
+            ..OperandQuant::mx(MxElement::E2M1, ScaleRule::Floor)
+                .with_rounding(RoundingMode::Stochastic)
+        };
+        for usage in [Usage::Rowwise, Usage::Columnwise] {
+            check_one(
+                g,
+                &x,
+                rows,
+                cols,
+                usage,
+                &tseng,
+                KEY,
+                &format!("mx prescale {usage:?} {rows}x{cols}"),
+            );
+        }
+    }
+    for (si, &(rows, cols)) in RHT_SHAPES.iter().enumerate() {
+        let x = data(rows, cols, 400 + si as u64);
+        for element in elements {
+            let q = OperandQuant::mx(element, ScaleRule::Rceil).with_rht(Rht::FixedSigns);
+            check_one(
+                g,
+                &x,
+                rows,
+                cols,
+                Usage::Columnwise,
+                &q,
+                KEY,
+                &format!("mx RHT {element:?} {rows}x{cols}"),
+            );
+        }
+    }
+}
+
+#[test]
+fn mx_cast_transpose_equals_two_quantizations() {
+    let Some(g) = gpu("mx_cast_transpose_equals_two_quantizations") else {
+        return;
+    };
+    for &(rows, cols) in &[(4096usize, 2048usize), (100, 70)] {
+        let x = data(rows, cols, 17);
+        let dx = upload(g, &x, rows, cols);
+        let qr = OperandQuant::mx(MxElement::E4M3, ScaleRule::Rceil);
+        let qc = qr.with_rounding(RoundingMode::Stochastic);
+        let (r, c) = g
+            .cast_transpose(&dx, (&qr, KEY), (&qc, KEY), &mut QuantState::new())
+            .expect("cast_transpose");
+        assert_same(
+            &r.to_host().unwrap(),
+            &quant::mx::quantize(&x, rows, cols, Usage::Rowwise, &qr, KEY).unwrap(),
+            "mx ct rowwise",
+        );
+        assert_same(
+            &c.to_host().unwrap(),
+            &quant::mx::quantize(&x, rows, cols, Usage::Columnwise, &qc, KEY).unwrap(),
+            "mx ct columnwise",
+        );
+    }
+}
+
+// ------------------------------------------------------------------------------------------
+// FP8
+// ------------------------------------------------------------------------------------------
+
+#[test]
+fn fp8_current_scaling_matches_quant() {
+    let Some(g) = gpu("fp8_current_scaling_matches_quant") else {
+        return;
+    };
+    for (si, &(rows, cols)) in SHAPES.iter().enumerate() {
+        let x = data(rows, cols, 500 + si as u64);
+        for element in [Fp8Element::E4M3, Fp8Element::E5M2] {
+            for power_of_two in [false, true] {
+                let q = OperandQuant {
+                    format: QuantFormat::Fp8 {
+                        element,
+                        scaling: Fp8Scaling::Current { power_of_two },
+                    },
+                    ..OperandQuant::F32
+                };
+                for usage in [Usage::Rowwise, Usage::Columnwise] {
+                    for rounding in [RoundingMode::NearestEven, RoundingMode::Stochastic] {
+                        let q = q.with_rounding(rounding);
+                        check_one(g, &x, rows, cols, usage, &q, KEY, &format!("fp8 {element:?} pow2={power_of_two} {rounding:?} {usage:?} {rows}x{cols}"));
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn fp8_delayed_scaling_tracks_quant_state() {
+    let Some(g) = gpu("fp8_delayed_scaling_tracks_quant_state") else {
+        return;
+    };
+    let q = OperandQuant {
+        format: QuantFormat::Fp8 {
+            element: Fp8Element::E4M3,
+            scaling: Fp8Scaling::Delayed {
+                history_len: 4,
+                margin: 0,
+                algo: AmaxAlgo::Max,
+            },
+        },
+        ..OperandQuant::F32
+    };
+    let (rows, cols) = (1024, 768);
+    let mut sg = QuantState::new();
+    let mut sc = QuantState::new();
+    for step in 0..5u64 {
+        let x: Vec<f32> = data(rows, cols, 600 + step)
+            .iter()
+            .map(|v| v * (1 << step) as f32)
+            .collect();
+        let dx = upload(g, &x, rows, cols);
+        let t = g
+            .quantize_fp8(&dx, Usage::Rowwise, &q, KEY, &mut sg)
+            .expect("gpu");
+        let c =
+            quant::fp8::quantize(&x, rows, cols, Usage::Rowwise, &q, KEY, &mut sc).expect("cpu");
+        assert_same(&t.to_host().unwrap(), &c, &format!("delayed step {step}"));
+        sg.end_step(&q).unwrap();
+        sc.end_step(&q).unwrap();
+        assert_eq!(sg.amax_history(), sc.amax_history());
+        assert_eq!(sg.scale().to_bits(), sc.scale().to_bits());
+    }
+}
+
+#[test]
+fn fp8_cast_transpose_equals_two_quantizations() {
+    let Some(g) = gpu("fp8_cast_transpose_equals_two_quantizations") else {
+        return;
+    };
+    let (rows, cols) = (2048, 1536);
+    let x = data(rows, cols, 31);
+    let dx = upload(g, &x, rows, cols);
+    let q = OperandQuant::fp8_current(Fp8Element::E5M2);
+    let (r, c) = g
+        .cast_transpose(&dx, (&q, KEY), (&q, KEY), &mut QuantState::new())
+        .expect("ct");
+    let st = &mut QuantState::new();
+    assert_same(
+        &r.to_host().unwrap(),
+        &quant::fp8::quantize(&x, rows, cols, Usage::Rowwise, &q, KEY, st).unwrap(),
+        "fp8 ct rowwise",
+    );
+    assert_same(
+        &c.to_host().unwrap(),
+        &quant::fp8::quantize(&x, rows, cols, Usage::Columnwise, &q, KEY, st).unwrap(),
+        "fp8 ct columnwise",
+    );
+}
+
+// ------------------------------------------------------------------------------------------
+// Scale swizzle
+// ------------------------------------------------------------------------------------------
+
+#[test]
+fn swizzle_kernel_matches_cpu_swizzle() {
+    let Some(g) = gpu("swizzle_kernel_matches_cpu_swizzle") else {
+        return;
+    };
+    for &(rows, scols) in &[(1usize, 1usize), (128, 4), (300, 17), (4096, 256)] {
+        let s: Vec<u8> = (0..rows * scols).map(|i| (i * 7 + 3) as u8).collect();
+        let ds = g.stream().clone_htod(&s).expect("htod");
+        let z = g
+            .download(&g.swizzle_scales(&ds, rows, scols).expect("swizzle"))
+            .expect("dtoh");
+        assert_eq!(
+            z,
+            kernels_cuda::swizzle::swizzle_scales(&s, rows, scols),
+            "{rows}x{scols}"
+        );
+    }
+}
+
+// ------------------------------------------------------------------------------------------
+// GEMMs
+// ------------------------------------------------------------------------------------------
+
+/// `|A|·|B|ᵀ` of the unscaled fake-quantized operands, times `|alpha|`: the scale of the
+/// worst-case accumulation error of each output.
+fn abs_bound(a: &[f32], b: &[f32], m: usize, n: usize, k: usize, alpha: f32) -> Vec<f32> {
+    let aa: Vec<f32> = a.iter().map(|v| v.abs()).collect();
+    let bb: Vec<f32> = b.iter().map(|v| v.abs()).collect();
+    let mut out = vec![0.0f32; m * n];
+    quant::gemm::matmul_tn(&aa, &bb, m, n, k, &mut out);
+    out.iter().map(|v| v * alpha.abs()).collect()
+}
+
+/// Checks `|gpu - cpu| <= rel * bound + tiny` element-wise and reports the worst ratio.
+fn assert_close(gpu: &[f32], cpu: &[f32], bound: &[f32], rel: f32, what: &str) {
+    let mut worst = 0.0f64;
+    let (mut num, mut den) = (0.0f64, 0.0f64);
+    for i in 0..cpu.len() {
+        let d = (gpu[i] - cpu[i]).abs();
+        assert!(gpu[i].is_finite(), "{what}: output {i} is {}", gpu[i]);
+        let allowed = rel * bound[i] + 1e-30;
+        worst = worst.max(d as f64 / allowed as f64);
+        assert!(
+            d <= allowed,
+            "{what}: output {i}: gpu {} cpu {} (|diff| {d:e} > {allowed:e})",
+            gpu[i],
+            cpu[i]
+        );
+        num += (d as f64).powi(2);
+        den += (cpu[i] as f64).powi(2);
+    }
+    let _ = writeln!(
+        std::io::stderr(),
+        "{what}: worst |diff| / allowed = {worst:.3}, relative Frobenius error {:.3e}",
+        (num / den.max(1e-300)).sqrt()
+    );
+}
+
+fn fake(x: &[f32], rows: usize, cols: usize, q: &OperandQuant, key: RngKey) -> (Vec<f32>, f32) {
+    let mut out = vec![0.0f32; x.len()];
+    let f = quant::fake::fake_quantize_into(
+        x,
+        rows,
+        cols,
+        Usage::Rowwise,
+        q,
+        key,
+        &mut QuantState::new(),
+        &mut out,
+    )
+    .expect("fake");
+    (out, f)
+}
+
+#[allow(clippy::too_many_arguments)]
+fn emulated_case(
+    g: &GpuContext,
+    qa: &OperandQuant,
+    qb: &OperandQuant,
+    m: usize,
+    n: usize,
+    k: usize,
+    rel: f32,
+    what: &str,
+) {
+    let a = data(m, k, 700);
+    let b: Vec<f32> = data(n, k, 701).iter().map(|v| v * 0.05).collect();
+    let (da, db) = (upload(g, &a, m, k), upload(g, &b, n, k));
+    let ka = RngKey {
+        seed: 1,
+        stream: 10,
+    };
+    let kb = RngKey {
+        seed: 1,
+        stream: 11,
+    };
+    let mut st = QuantState::new();
+    let ta = g
+        .quantize(&da, Usage::Rowwise, qa, ka, &mut st)
+        .expect("quantize A");
+    let tb = g
+        .quantize(&db, Usage::Rowwise, qb, kb, &mut st)
+        .expect("quantize B");
+    let out = g
+        .download(&g.gemm_quantized(&ta, &tb).expect(what))
+        .expect("dtoh");
+    let mut cpu = vec![0.0f32; m * n];
+    quantized_matmul_tn(
+        Operand::new(&a, m, k, Usage::Rowwise, qa).with_key(ka),
+        Operand::new(&b, n, k, Usage::Rowwise, qb).with_key(kb),
+        &mut cpu,
+    )
+    .expect("cpu gemm");
+    let (fa, sa) = fake(&a, m, k, qa, ka);
+    let (fb, sb) = fake(&b, n, k, qb, kb);
+    assert_close(
+        &out,
+        &cpu,
+        &abs_bound(&fa, &fb, m, n, k, sa * sb),
+        rel,
+        what,
+    );
+}
+
+#[test]
+fn emulated_nvfp4_and_mx_gemms_match_cpu_emulation() {
+    let Some(g) = gpu("emulated_nvfp4_and_mx_gemms_match_cpu_emulation") else {
+        return;
+    };
+    if g.compute_capability().0 == 10 {
+        let _ = writeln!(
+            std::io::stderr(),
+            "note: compute capability 10.x runs the block-scaled path here"
+        );
+    }
+    // f32 accumulation of exact products in any order: |diff| <= 2 K u sum|a b|, with
+    // u = 2^-23 to allow truncating tensor-core adders.
+    let k = 2048;
+    let rel = 2.0 * k as f32 * 2f32.powi(-23);
+    let paper = quant::GemmPolicy::nvfp4_paper();
+    emulated_case(
+        g,
+        &paper.fprop.a,
+        &paper.fprop.b,
+        1024,
+        1536,
+        k,
+        rel,
+        "NVFP4 fprop (1x16 x 16x16)",
+    );
+    emulated_case(
+        g,
+        &paper.dgrad.a,
+        &OperandQuant::nvfp4(),
+        512,
+        768,
+        k,
+        rel,
+        "NVFP4 SR x RNE",
+    );
+    let mx8 = OperandQuant::mx(MxElement::E4M3, ScaleRule::Rceil);
+    emulated_case(g, &mx8, &mx8, 1024, 1024, k, rel, "MXFP8 E4M3");
+    let mx4 = OperandQuant::mx(MxElement::E2M1, ScaleRule::Floor);
+    emulated_case(g, &mx4, &mx4, 1024, 1024, k, rel, "MXFP4");
+    // Odd shapes: K padded to 16 inside the GEMM.
+    emulated_case(
+        g,
+        &OperandQuant::nvfp4(),
+        &OperandQuant::nvfp4(),
+        33,
+        70,
+        200,
+        2.0 * 200.0 * 2f32.powi(-23),
+        "NVFP4 odd",
+    );
+}
+
+#[test]
+fn fp8_gemm_matches_cpu_emulation() {
+    let Some(g) = gpu("fp8_gemm_matches_cpu_emulation") else {
+        return;
+    };
+    let q = OperandQuant::fp8_current(Fp8Element::E4M3);
+    // Hopper FP8 tensor cores accumulate with reduced internal precision: allow 2^-10.
+    emulated_case(
+        g,
+        &q,
+        &q,
+        1024,
+        2048,
+        4096,
+        2f32.powi(-10),
+        "FP8 E4M3 x E4M3",
+    );
+    let e5 = OperandQuant::fp8_current(Fp8Element::E5M2);
+    emulated_case(
+        g,
+        &e5,
+        &q,
+        512,
+        512,
+        1024,
+        2f32.powi(-10),
+        "FP8 E5M2 x E4M3",
+    );
+}
+
+#[test]
+fn bf16_and_f32_gemms_match_cpu() {
+    let Some(g) = gpu("bf16_and_f32_gemms_match_cpu") else {
+        return;
+    };
+    let (m, n, k) = (512, 768, 1024);
+    let a = data(m, k, 800);
+    let b = data(n, k, 801);
+    let ab: Vec<f32> = a.iter().map(|&v| fp_formats::round_to_bf16(v)).collect();
+    let bb: Vec<f32> = b.iter().map(|&v| fp_formats::round_to_bf16(v)).collect();
+    let mut want = vec![0.0f32; m * n];
+    quant::gemm::matmul_tn(&ab, &bb, m, n, k, &mut want);
+    let bound = abs_bound(&ab, &bb, m, n, k, 1.0);
+    let (da, db) = (upload(g, &a, m, k), upload(g, &b, n, k));
+    let (ha, hb) = (g.to_bf16(&da.data).unwrap(), g.to_bf16(&db.data).unwrap());
+    // BF16 in, f32 out.
+    let out = g
+        .download(&g.gemm_bf16_f32(&ha, &hb, m, n, k, 1.0).unwrap())
+        .unwrap();
+    assert_close(
+        &out,
+        &want,
+        &bound,
+        2.0 * k as f32 * 2f32.powi(-23),
+        "BF16 -> f32",
+    );
+    // BF16 in, BF16 out (safe API): one extra BF16 rounding of the result.
+    let out16: Vec<f32> = g
+        .download(&g.gemm_bf16(&ha, &hb, m, n, k).unwrap())
+        .unwrap()
+        .iter()
+        .map(|v| v.to_f32())
+        .collect();
+    let bound16: Vec<f32> = bound
+        .iter()
+        .zip(&want)
+        .map(|(b, w)| b + w.abs() * 2f32.powi(-8) / (2.0 * k as f32 * 2f32.powi(-23)))
+        .collect();
+    assert_close(
+        &out16,
+        &want,
+        &bound16,
+        2.0 * k as f32 * 2f32.powi(-23),
+        "BF16 -> BF16 (safe API)",
+    );
+    // f32 (TF32 in cudarc's safe API): inputs rounded to 10 mantissa bits.
+    let mut want32 = vec![0.0f32; m * n];
+    quant::gemm::matmul_tn(&a, &b, m, n, k, &mut want32);
+    let out32 = g
+        .download(&g.gemm_f32(&da.data, &db.data, m, n, k).unwrap())
+        .unwrap();
+    assert_close(
+        &out32,
+        &want32,
+        &abs_bound(&a, &b, m, n, k, 1.0),
+        2f32.powi(-9),
+        "f32 (TF32)",
+    );
+}
+
+#[test]
+fn block_scaled_gemm_is_blackwell_only() {
+    let Some(g) = gpu("block_scaled_gemm_is_blackwell_only") else {
+        return;
+    };
+    let x = data(128, 256, 3);
+    let dx = upload(g, &x, 128, 256);
+    let t = g
+        .quantize_nvfp4(&dx, Usage::Rowwise, &OperandQuant::nvfp4(), KEY)
+        .unwrap();
+    let r = g.gemm_block_scaled(&t, &t);
+    if g.compute_capability().0 == 10 {
+        let out = g
+            .download(&r.expect("block-scaled GEMM on sm_100"))
+            .unwrap();
+        let mut cpu = vec![0.0f32; 128 * 128];
+        let q = OperandQuant::nvfp4();
+        quantized_matmul_tn(
+            Operand::new(&x, 128, 256, Usage::Rowwise, &q).with_key(KEY),
+            Operand::new(&x, 128, 256, Usage::Rowwise, &q).with_key(KEY),
+            &mut cpu,
+        )
+        .unwrap();
+        let (f, s) = fake(&x, 128, 256, &q, KEY);
+        assert_close(
+            &out,
+            &cpu,
+            &abs_bound(&f, &f, 128, 128, 256, s * s),
+            2.0 * 256.0 * 2f32.powi(-23),
+            "block-scaled NVFP4",
+        );
+    } else {
+        assert!(matches!(r, Err(KernelError::Unsupported(_))), "{r:?}");
+    }
+}

@@ -1,0 +1,267 @@
+//! The two unscaled formats: BF16 (round to nearest-even, or stochastic rounding with 8
+//! Philox bits per element) and F32 (passthrough).
+//!
+//! BF16 codes are two bytes per element, little endian; F32 codes four. Both have
+//! `tensor_scale_inv = 1`. BF16 overflow follows the IEEE cast: a finite value that rounds
+//! above the largest BF16 becomes ±Inf (counted as clipped); NaN stays NaN.
+//!
+//! ```
+//! use quant::{bf16, OperandQuant, RngKey, Usage};
+//! let x = [1.0f32 + f32::EPSILON, 3.0];
+//! let t = bf16::quantize(&x, 1, 2, Usage::Rowwise, &OperandQuant::BF16, RngKey::default()).unwrap();
+//! assert_eq!(t.codes, vec![0x80, 0x3F, 0x40, 0x40]);
+//! assert_eq!(bf16::dequantize(&t), vec![1.0, 3.0]);
+//! ```
+
+use fp_formats::{bf16_from_f32, round_to_bf16, Overflow, Rounding};
+use rayon::prelude::*;
+
+use crate::config::{OperandQuant, QuantFormat, Rht, RoundingMode, Usage};
+use crate::panel::{self, grow, stored_panel, stored_shape, with_scratch};
+use crate::{QuantError, QuantizedTensor, RngKey};
+
+fn check(q: &OperandQuant, want: QuantFormat) -> Result<(), QuantError> {
+    if q.format != want {
+        return Err(QuantError::InvalidConfig(format!(
+            "{want:?} quantizer called with {:?}",
+            q.format
+        )));
+    }
+    if q.rht != Rht::Off {
+        return Err(QuantError::InvalidConfig(
+            "the Hadamard transform is only supported for NVFP4 and MX".into(),
+        ));
+    }
+    if want == QuantFormat::F32 && q.rounding == RoundingMode::Stochastic {
+        return Err(QuantError::InvalidConfig(
+            "F32 has nothing to round stochastically".into(),
+        ));
+    }
+    Ok(())
+}
+
+/// BF16 bits of `x` (RNE, or SR with random byte `r`), IEEE overflow.
+#[inline(always)]
+fn bf16_bits(x: f32, r: Option<u8>) -> u16 {
+    match r {
+        None if !x.is_nan() => (round_to_bf16(x).to_bits() >> 16) as u16,
+        None => bf16_from_f32(x, Rounding::NearestEven, Overflow::Propagate).to_bits(),
+        Some(r) => bf16_from_f32(x, Rounding::Stochastic(r), Overflow::Propagate).to_bits(),
+    }
+}
+
+/// Rounds the stored layout to BF16; `store(out, bits)`; returns the overflow count.
+fn round_tensor<T: Send>(
+    x: &[f32],
+    rows: usize,
+    cols: usize,
+    usage: Usage,
+    sr: Option<RngKey>,
+    out: &mut [T],
+    store: impl Fn(&mut T, u16) + Sync,
+) -> usize {
+    let (srows, scols) = stored_shape(rows, cols, usage);
+    if srows == 0 || scols == 0 {
+        return 0;
+    }
+    let p = panel::panel_rows_for(scols, usage);
+    out.par_chunks_mut(p * scols)
+        .enumerate()
+        .map(|(pi, chunk)| {
+            let r0 = pi * p;
+            let n = chunk.len() / scols;
+            with_scratch(|s| {
+                let rb = sr.map(|key| {
+                    let rb = grow(&mut s.rbits, n * scols);
+                    crate::philox::fill_random_bytes(key, (r0 * scols) as u64, rb);
+                    &*rb
+                });
+                let src = stored_panel(x, rows, cols, usage, r0, n, &mut s.panel);
+                let mut overflow = 0usize;
+                for (i, (o, &v)) in chunk.iter_mut().zip(src).enumerate() {
+                    let b = bf16_bits(v, rb.map(|rb| rb[i]));
+                    overflow += (b & 0x7FFF == 0x7F80 && v.is_finite()) as usize;
+                    store(o, b);
+                }
+                overflow
+            })
+        })
+        .sum()
+}
+
+/// Quantizes to BF16 in the stored layout (two bytes per element, little endian).
+///
+/// Errors: a format other than BF16, RHT requested, `x.len() != rows * cols`.
+pub fn quantize(
+    x: &[f32],
+    rows: usize,
+    cols: usize,
+    usage: Usage,
+    q: &OperandQuant,
+    key: RngKey,
+) -> Result<QuantizedTensor, QuantError> {
+    check(q, QuantFormat::Bf16)?;
+    panel::check_len(x, rows, cols)?;
+    let (srows, scols) = stored_shape(rows, cols, usage);
+    let sr = (q.rounding == RoundingMode::Stochastic).then_some(key);
+    let mut bits = vec![0u16; srows * scols];
+    round_tensor(x, rows, cols, usage, sr, &mut bits, |o, b| *o = b);
+    let amax = crate::fp8::tensor_amax(x);
+    Ok(QuantizedTensor {
+        format: q.format,
+        block: q.block,
+        usage,
+        rows: srows,
+        cols: scols,
+        padded_rows: srows,
+        padded_cols: scols,
+        codes: bits.iter().flat_map(|b| b.to_le_bytes()).collect(),
+        scales: Vec::new(),
+        amax,
+        tensor_scale_inv: 1.0,
+    })
+}
+
+/// Fake quantization to BF16 in the stored layout; returns the per-tensor factor 1.
+pub fn fake_quantize_into(
+    x: &[f32],
+    rows: usize,
+    cols: usize,
+    usage: Usage,
+    q: &OperandQuant,
+    key: RngKey,
+    out: &mut [f32],
+) -> Result<f32, QuantError> {
+    fake_quantize_counting(x, rows, cols, usage, q, key, out).map(|(f, _)| f)
+}
+
+pub(crate) fn fake_quantize_counting(
+    x: &[f32],
+    rows: usize,
+    cols: usize,
+    usage: Usage,
+    q: &OperandQuant,
+    key: RngKey,
+    out: &mut [f32],
+) -> Result<(f32, usize), QuantError> {
+    check(q, QuantFormat::Bf16)?;
+    panel::check_len(x, rows, cols)?;
+    panel::check_out(out, x.len())?;
+    let sr = (q.rounding == RoundingMode::Stochastic).then_some(key);
+    let n = round_tensor(x, rows, cols, usage, sr, out, |o, b| {
+        *o = f32::from_bits((b as u32) << 16)
+    });
+    Ok((1.0, n))
+}
+
+/// Dequantizes a BF16 tensor (exact), stored layout.
+///
+/// # Panics
+/// If the tensor is not BF16.
+pub fn dequantize(t: &QuantizedTensor) -> Vec<f32> {
+    assert_eq!(
+        t.format,
+        QuantFormat::Bf16,
+        "bf16::dequantize called on {:?}",
+        t.format
+    );
+    t.codes
+        .par_chunks_exact(2)
+        .map(|b| f32::from_bits((u16::from_le_bytes([b[0], b[1]]) as u32) << 16))
+        .collect()
+}
+
+/// "Quantizes" to F32: the stored layout copied as little-endian bytes.
+///
+/// Errors: a format other than F32, RHT or stochastic rounding requested, or
+/// `x.len() != rows * cols`.
+///
+/// ```
+/// use quant::{bf16, OperandQuant, RngKey, Usage};
+/// let x = [1.0f32, 2.0, 3.0, 4.0, 5.0, 6.0];
+/// let t = bf16::quantize_f32(&x, 2, 3, Usage::Columnwise, &OperandQuant::F32).unwrap();
+/// assert_eq!((t.rows, t.cols), (3, 2));
+/// assert_eq!(bf16::dequantize_f32(&t), vec![1.0, 4.0, 2.0, 5.0, 3.0, 6.0]);
+/// ```
+pub fn quantize_f32(
+    x: &[f32],
+    rows: usize,
+    cols: usize,
+    usage: Usage,
+    q: &OperandQuant,
+) -> Result<QuantizedTensor, QuantError> {
+    check(q, QuantFormat::F32)?;
+    panel::check_len(x, rows, cols)?;
+    let (srows, scols) = stored_shape(rows, cols, usage);
+    let stored = panel::stored_copy(x, rows, cols, usage);
+    Ok(QuantizedTensor {
+        format: q.format,
+        block: q.block,
+        usage,
+        rows: srows,
+        cols: scols,
+        padded_rows: srows,
+        padded_cols: scols,
+        codes: bytemuck::cast_slice(&stored).to_vec(),
+        scales: Vec::new(),
+        amax: crate::fp8::tensor_amax(x),
+        tensor_scale_inv: 1.0,
+    })
+}
+
+/// F32 fake quantization: copies the stored layout into `out`; returns 1.
+pub fn fake_quantize_into_f32(
+    x: &[f32],
+    rows: usize,
+    cols: usize,
+    usage: Usage,
+    q: &OperandQuant,
+    out: &mut [f32],
+) -> Result<f32, QuantError> {
+    check(q, QuantFormat::F32)?;
+    panel::check_len(x, rows, cols)?;
+    panel::check_out(out, x.len())?;
+    match usage {
+        Usage::Rowwise => out.copy_from_slice(x),
+        Usage::Columnwise => {
+            let (srows, scols) = stored_shape(rows, cols, usage);
+            if srows > 0 && scols > 0 {
+                let p = panel::panel_rows_for(scols, usage);
+                out.par_chunks_mut(p * scols)
+                    .enumerate()
+                    .for_each(|(pi, chunk)| {
+                        with_scratch(|s| {
+                            let n = chunk.len() / scols;
+                            chunk.copy_from_slice(stored_panel(
+                                x,
+                                rows,
+                                cols,
+                                usage,
+                                pi * p,
+                                n,
+                                &mut s.panel,
+                            ));
+                        })
+                    });
+            }
+        }
+    }
+    Ok(1.0)
+}
+
+/// Decodes an F32 tensor's little-endian bytes.
+///
+/// # Panics
+/// If the tensor is not F32.
+pub fn dequantize_f32(t: &QuantizedTensor) -> Vec<f32> {
+    assert_eq!(
+        t.format,
+        QuantFormat::F32,
+        "dequantize_f32 called on {:?}",
+        t.format
+    );
+    t.codes
+        .chunks_exact(4)
+        .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+        .collect()
+}

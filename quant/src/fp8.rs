@@ -1,0 +1,566 @@
+//! Per-tensor FP8 (numerics-spec section 5): one FP32 scale per tensor, E4M3 or E5M2 codes,
+//! one byte per element, with Transformer Engine's current and delayed scaling.
+//!
+//! * **Current scaling** (`Float8CurrentScaling`): the scale comes from the tensor being
+//!   quantized, `scale = fl(fp8_max / amax)` ([`compute_scale_from_amax`]).
+//! * **Delayed scaling** (`DelayedScaling`): the scale comes from a window of past amaxes
+//!   kept in a [`QuantState`]. As in TE, a cast uses the scale computed at the end of the
+//!   **previous** step; the cast records the tensor's amax in the history slot of the current
+//!   step, and [`QuantState::end_step`] (TE's `amax_and_scale_update` at autocast exit)
+//!   computes the scale for the next step from the whole window, then rolls the window.
+//!
+//! Elements: `code = satfinite_rne(fl(x · scale))` (or stochastic rounding with 8 Philox
+//! bits per element); [`QuantizedTensor::tensor_scale_inv`] is `fl(1 / scale)` and
+//! dequantization is `fp8(code) · scale_inv`, as the GEMM epilogue applies it.
+//!
+//! The tensor amax ignores NaN elements (CUDA `fmaxf`, as TE's amax kernels); NaN elements
+//! encode to the format's NaN. An infinite element gives an infinite amax: current scaling
+//! then uses scale 1 and delayed scaling keeps the previous scale.
+//!
+//! Choosing E4M3 for forward tensors and E5M2 for gradients (TE's HYBRID format) is the
+//! recipe's job: see [`crate::GemmPolicy::fp8_current_hybrid`].
+//!
+//! ```
+//! use quant::{fp8, Fp8Element, OperandQuant, QuantState, RngKey, Usage};
+//! let x = [1.0f32, -2.0, 0.5, 7.0];
+//! let q = OperandQuant::fp8_current(Fp8Element::E4M3);
+//! let t = fp8::quantize(&x, 2, 2, Usage::Rowwise, &q, RngKey::default(),
+//!                       &mut QuantState::new()).unwrap();
+//! assert_eq!(t.tensor_scale_inv, 1.0 / 64.0);      // scale = 448 / 7
+//! assert_eq!(t.codes, vec![0x68, 0xF0, 0x60, 0x7E]); // 64, -128, 32, 448
+//! assert_eq!(fp8::dequantize(&t), x.to_vec());
+//! ```
+
+use fp_formats::{ElementFormat, Overflow, Rounding, E4M3, E5M2};
+use rayon::prelude::*;
+
+use crate::config::{
+    AmaxAlgo, Fp8Element, Fp8Scaling, OperandQuant, QuantFormat, RoundingMode, Usage,
+};
+use crate::panel::{self, grow, stored_panel, stored_shape, with_scratch};
+use crate::{QuantError, QuantizedTensor, RngKey};
+
+/// Largest finite value of an FP8 element format (E4M3 448, E5M2 57344).
+///
+/// ```
+/// assert_eq!(quant::fp8::fp8_max(quant::Fp8Element::E5M2), 57344.0);
+/// ```
+#[inline]
+pub const fn fp8_max(element: Fp8Element) -> f32 {
+    match element {
+        Fp8Element::E4M3 => E4M3::MAX,
+        Fp8Element::E5M2 => E5M2::MAX,
+    }
+}
+
+/// Transformer Engine's `compute_scale_from_amax` (numerics-spec 5.2) with `epsilon = 0`:
+/// an amax of 0, ±Inf or NaN gives scale 1; otherwise `scale = fl(fp8_max / amax)` (one
+/// correctly rounded f32 division, CUDA `__fdiv_rn`); an infinite result becomes `f32::MAX`;
+/// with `power_of_two` the mantissa bits are cleared (rounding the scale down to a power of
+/// two, so `f32::MAX` becomes `2^127`).
+///
+/// ```
+/// use quant::fp8::compute_scale_from_amax;
+/// assert_eq!(compute_scale_from_amax(7.0, 448.0, false), 64.0);
+/// assert_eq!(compute_scale_from_amax(3.0, 448.0, false), 448.0f32 / 3.0);
+/// assert_eq!(compute_scale_from_amax(3.0, 448.0, true), 128.0); // 149.33 -> 128
+/// assert_eq!(compute_scale_from_amax(0.0, 448.0, false), 1.0);
+/// assert_eq!(compute_scale_from_amax(f32::NAN, 448.0, false), 1.0);
+/// assert_eq!(compute_scale_from_amax(1e-45, 448.0, false), f32::MAX);
+/// ```
+#[inline]
+pub fn compute_scale_from_amax(amax: f32, fp8_max: f32, power_of_two: bool) -> f32 {
+    if amax.is_infinite() || amax == 0.0 || amax.is_nan() {
+        return 1.0;
+    }
+    let mut scale = fp8_max / amax;
+    if scale.is_infinite() {
+        scale = f32::MAX;
+    }
+    if scale.is_nan() {
+        scale = 1.0;
+    }
+    if power_of_two {
+        scale = f32::from_bits(scale.to_bits() & 0xFF80_0000);
+    }
+    scale
+}
+
+/// Per-tensor quantization state that persists across training steps: the delayed-scaling
+/// amax history and scale (Transformer Engine's `fp8_meta`), plus what the last cast used.
+///
+/// History slot order is TE's: slot 0 holds the current step's amax (every cast of the step
+/// folds its amax into it with a max); [`QuantState::update_scale`] reduces the whole window
+/// (maximum, or slot 0 for [`AmaxAlgo::MostRecent`]), computes
+/// `scale = fl(fl(fp8_max · 2^-margin) / amax)` (kept unchanged when that amax is not
+/// finite or not positive; `f32::MAX` when the division overflows), then rolls the window
+/// (slot `i` takes slot `i + 1`, the last slot takes slot 0, so slot 1 — the oldest — is
+/// dropped) and zeroes slot 0. The initial scale is 1.
+///
+/// ```
+/// use quant::{AmaxAlgo, QuantState};
+/// let mut s = QuantState::with_history_len(4);
+/// for amax in [3.5, 7.0, 1.0] {
+///     s.record_amax(amax);
+///     s.update_scale(448.0, 0, AmaxAlgo::Max);
+/// }
+/// assert_eq!(s.scale(), 64.0); // 448 / max(3.5, 7, 1)
+/// assert_eq!(s.amax_history(), &[0.0, 3.5, 7.0, 1.0]);
+/// ```
+#[derive(Clone, Debug, PartialEq)]
+pub struct QuantState {
+    amax_history: Vec<f32>,
+    scale: f32,
+    scale_inv: f32,
+    last_amax: f32,
+    last_scale: f32,
+}
+
+impl Default for QuantState {
+    fn default() -> Self {
+        QuantState::new()
+    }
+}
+
+impl QuantState {
+    /// A fresh state: scale 1, no history yet (the first delayed-scaling cast sizes the
+    /// history from its [`Fp8Scaling::Delayed`] settings).
+    pub const fn new() -> Self {
+        QuantState {
+            amax_history: Vec::new(),
+            scale: 1.0,
+            scale_inv: 1.0,
+            last_amax: 0.0,
+            last_scale: 1.0,
+        }
+    }
+
+    /// A fresh state with a zeroed amax history of `len` slots (at least 1).
+    pub fn with_history_len(len: usize) -> Self {
+        QuantState {
+            amax_history: vec![0.0; len.max(1)],
+            ..QuantState::new()
+        }
+    }
+
+    /// The delayed-scaling scale the next cast will use.
+    pub fn scale(&self) -> f32 {
+        self.scale
+    }
+
+    /// `fl(1 / scale())`.
+    pub fn scale_inv(&self) -> f32 {
+        self.scale_inv
+    }
+
+    /// The amax history in TE's slot order (slot 0 = the current step).
+    pub fn amax_history(&self) -> &[f32] {
+        &self.amax_history
+    }
+
+    /// The amax of the last tensor quantized with this state (any scaling).
+    pub fn last_amax(&self) -> f32 {
+        self.last_amax
+    }
+
+    /// The scale the last FP8 cast with this state used (any scaling).
+    pub fn last_scale(&self) -> f32 {
+        self.last_scale
+    }
+
+    /// Rebuilds a state from what a checkpoint stores: the amax history (TE slot order), the
+    /// delayed-scaling scale and the last cast's amax and scale. `restore` of the accessors'
+    /// values gives a state equal to the original (`scale_inv` is `1 / scale`, as
+    /// [`QuantState::update_scale`] and [`QuantState::set_scale`] compute it).
+    ///
+    /// ```
+    /// use quant::{AmaxAlgo, QuantState};
+    /// let mut s = QuantState::with_history_len(3);
+    /// s.record_amax(3.0);
+    /// s.update_scale(448.0, 0, AmaxAlgo::Max);
+    /// let r = QuantState::restore(s.amax_history().to_vec(), s.scale(), s.last_amax(), s.last_scale());
+    /// assert_eq!(r, s);
+    /// ```
+    pub fn restore(amax_history: Vec<f32>, scale: f32, last_amax: f32, last_scale: f32) -> Self {
+        QuantState {
+            amax_history,
+            scale,
+            scale_inv: 1.0 / scale,
+            last_amax,
+            last_scale,
+        }
+    }
+
+    /// Sets the delayed-scaling scale directly (e.g. when restoring a checkpoint).
+    pub fn set_scale(&mut self, scale: f32) {
+        self.scale = scale;
+        self.scale_inv = 1.0 / scale;
+    }
+
+    fn ensure_history(&mut self, len: usize) -> Result<(), QuantError> {
+        if len == 0 {
+            return Err(QuantError::InvalidConfig(
+                "delayed scaling needs history_len >= 1".into(),
+            ));
+        }
+        if self.amax_history.is_empty() {
+            self.amax_history = vec![0.0; len];
+        } else if self.amax_history.len() != len {
+            return Err(QuantError::InvalidConfig(format!(
+                "QuantState holds an amax history of {} slots but the operand asks for {len}",
+                self.amax_history.len()
+            )));
+        }
+        Ok(())
+    }
+
+    /// Folds a tensor amax into the current step's slot (slot 0) with a maximum; a NaN amax
+    /// makes the slot NaN. A state without history gets a one-slot history.
+    pub fn record_amax(&mut self, amax: f32) {
+        if self.amax_history.is_empty() {
+            self.amax_history.push(0.0);
+        }
+        let slot = &mut self.amax_history[0];
+        *slot = if amax.is_nan() || slot.is_nan() {
+            f32::NAN
+        } else {
+            slot.max(amax)
+        };
+    }
+
+    /// TE's `amax_and_scale_update` for one tensor (see the type docs): reduces the
+    /// window, updates the scale from it, rolls the window and zeroes slot 0.
+    pub fn update_scale(&mut self, fp8_max: f32, margin: i32, algo: AmaxAlgo) {
+        let h = &mut self.amax_history;
+        if h.is_empty() {
+            return;
+        }
+        let last = h[0];
+        // The window maximum, NaN-ignoring like CUDA `fmaxf`.
+        let window_max = h.iter().fold(0.0f32, |m, &a| m.max(a));
+        let amax = match algo {
+            AmaxAlgo::Max => window_max,
+            AmaxAlgo::MostRecent => last,
+        };
+        h.rotate_left(1);
+        h[0] = 0.0;
+        let scaled_max = fp8_max * 2.0f32.powi(-margin);
+        if amax.is_finite() && amax > 0.0 {
+            let mut scale = scaled_max / amax;
+            if scale.is_infinite() {
+                scale = f32::MAX;
+            }
+            self.scale = scale;
+        }
+        self.scale_inv = 1.0 / self.scale;
+    }
+
+    /// Ends a training step for this tensor: for an operand with delayed FP8 scaling, runs
+    /// [`QuantState::update_scale`] with its element maximum, margin and algorithm; does
+    /// nothing for every other format, so a trainer can call it on all its states.
+    ///
+    /// ```
+    /// use quant::{AmaxAlgo, Fp8Element, Fp8Scaling, OperandQuant, QuantFormat, QuantState,
+    ///             RngKey, Usage};
+    /// let q = OperandQuant {
+    ///     format: QuantFormat::Fp8 {
+    ///         element: Fp8Element::E4M3,
+    ///         scaling: Fp8Scaling::Delayed { history_len: 16, margin: 0, algo: AmaxAlgo::Max },
+    ///     },
+    ///     ..OperandQuant::F32
+    /// };
+    /// let mut s = QuantState::new();
+    /// let x = [7.0f32, -1.0];
+    /// let t = quant::fp8::quantize(&x, 1, 2, Usage::Rowwise, &q, RngKey::default(), &mut s).unwrap();
+    /// assert_eq!(t.tensor_scale_inv, 1.0); // first step: initial scale 1
+    /// s.end_step(&q).unwrap();
+    /// assert_eq!(s.scale(), 64.0); // the next step casts with 448 / 7
+    /// ```
+    pub fn end_step(&mut self, q: &OperandQuant) -> Result<(), QuantError> {
+        if let QuantFormat::Fp8 {
+            element,
+            scaling:
+                Fp8Scaling::Delayed {
+                    history_len,
+                    margin,
+                    algo,
+                },
+        } = q.format
+        {
+            self.ensure_history(history_len)?;
+            self.update_scale(fp8_max(element), margin, algo);
+        }
+        Ok(())
+    }
+}
+
+/// The resolved settings of one FP8 cast.
+struct Cast {
+    element: Fp8Element,
+    scale: f32,
+    sr: Option<RngKey>,
+}
+
+fn settings(q: &OperandQuant) -> Result<(Fp8Element, Fp8Scaling), QuantError> {
+    match q.format {
+        QuantFormat::Fp8 { element, scaling } => {
+            if q.rht != crate::Rht::Off {
+                return Err(QuantError::InvalidConfig(
+                    "the Hadamard transform is only supported for NVFP4 and MX".into(),
+                ));
+            }
+            Ok((element, scaling))
+        }
+        other => Err(QuantError::InvalidConfig(format!(
+            "fp8 quantizer called with {other:?}"
+        ))),
+    }
+}
+
+/// The tensor amax, NaN-ignoring, in parallel (exact for any thread count).
+pub(crate) fn tensor_amax(x: &[f32]) -> f32 {
+    x.par_chunks(1 << 16)
+        .map(fp_formats::nvfp4::block_amax)
+        .reduce(|| 0.0, f32::max)
+}
+
+/// Picks the scale (current or delayed) and records the amax.
+fn prepare(
+    x: &[f32],
+    rows: usize,
+    cols: usize,
+    q: &OperandQuant,
+    key: RngKey,
+    state: &mut QuantState,
+) -> Result<(Cast, f32), QuantError> {
+    panel::check_len(x, rows, cols)?;
+    let (element, scaling) = settings(q)?;
+    let amax = tensor_amax(x);
+    let scale = match scaling {
+        Fp8Scaling::Current { power_of_two } => {
+            compute_scale_from_amax(amax, fp8_max(element), power_of_two)
+        }
+        Fp8Scaling::Delayed { history_len, .. } => {
+            state.ensure_history(history_len)?;
+            let s = state.scale;
+            state.record_amax(amax);
+            s
+        }
+    };
+    state.last_amax = amax;
+    state.last_scale = scale;
+    let sr = (q.rounding == RoundingMode::Stochastic).then_some(key);
+    Ok((Cast { element, scale, sr }, amax))
+}
+
+#[inline(always)]
+fn encode(element: Fp8Element, y: f32, r: Option<u8>) -> u8 {
+    match (element, r) {
+        (Fp8Element::E4M3, None) => E4M3::encode_rne_sat(y),
+        (Fp8Element::E5M2, None) => E5M2::from_f32_rne_sat(y).0,
+        (Fp8Element::E4M3, Some(r)) => {
+            E4M3::from_f32(y, Rounding::Stochastic(r), Overflow::Saturate).0
+        }
+        (Fp8Element::E5M2, Some(r)) => {
+            E5M2::from_f32(y, Rounding::Stochastic(r), Overflow::Saturate).0
+        }
+    }
+}
+
+#[inline(always)]
+fn decode(element: Fp8Element, code: u8) -> f32 {
+    match element {
+        Fp8Element::E4M3 => E4M3(code).to_f32(),
+        Fp8Element::E5M2 => E5M2(code).to_f32(),
+    }
+}
+
+/// Casts one contiguous run of stored elements into `codes` (same length). Returns the
+/// number of clipped elements (`|x · scale| > fp8_max`).
+#[inline(always)]
+fn cast_run(c: &Cast, src: &[f32], rbits: Option<&[u8]>, codes: &mut [u8]) -> usize {
+    let max = fp8_max(c.element);
+    let scale = c.scale;
+    let mut clipped = 0usize;
+    match rbits {
+        None => match c.element {
+            // Monomorphic zip loops so the fast E4M3 cast vectorises.
+            Fp8Element::E4M3 => {
+                // Scale a chunk at a time, then fp-formats' slice encoder (AVX2 when
+                // available, bit-identical to E4M3::encode_rne_sat).
+                let mut ys = [0.0f32; 512];
+                for (o, v) in codes.chunks_mut(512).zip(src.chunks(512)) {
+                    let ys = &mut ys[..v.len()];
+                    for (y, &v) in ys.iter_mut().zip(v) {
+                        *y = v * scale;
+                        clipped += (y.abs() > max) as usize;
+                    }
+                    E4M3::encode_slice_rne_sat(ys, o);
+                }
+            }
+            Fp8Element::E5M2 => {
+                for (o, &v) in codes.iter_mut().zip(src) {
+                    let y = v * scale;
+                    clipped += (y.abs() > max) as usize;
+                    *o = E5M2::from_f32_rne_sat(y).0;
+                }
+            }
+        },
+        Some(rb) => {
+            for ((o, &v), &r) in codes.iter_mut().zip(src).zip(rb) {
+                let y = v * scale;
+                clipped += (y.abs() > max) as usize;
+                *o = encode(c.element, y, Some(r));
+            }
+        }
+    }
+    clipped
+}
+
+/// Where the cast of a panel goes.
+enum Sink<'a> {
+    /// One code byte per element.
+    Codes(&'a mut [u8]),
+    /// The decoded FP8 value per element.
+    Values(&'a mut [f32]),
+}
+
+/// Runs the cast over the stored layout in parallel row panels. Returns the clipped count.
+fn cast_tensor(
+    x: &[f32],
+    rows: usize,
+    cols: usize,
+    usage: Usage,
+    c: &Cast,
+    out: Sink<'_>,
+) -> usize {
+    let (srows, scols) = stored_shape(rows, cols, usage);
+    if srows == 0 || scols == 0 {
+        return 0;
+    }
+    let p = panel::panel_rows_for(scols, usage);
+    let panel = |pi: usize, n: usize, codes: Option<&mut [u8]>, values: Option<&mut [f32]>| {
+        let r0 = pi * p;
+        with_scratch(|s| {
+            let rb = c.sr.map(|key| {
+                let rb = grow(&mut s.rbits, n * scols);
+                crate::philox::fill_random_bytes(key, (r0 * scols) as u64, rb);
+                &*rb
+            });
+            let src = stored_panel(x, rows, cols, usage, r0, n, &mut s.panel);
+            match (codes, values) {
+                (Some(codes), _) => cast_run(c, src, rb, codes),
+                (None, Some(values)) => {
+                    let codes = grow(&mut s.codes, n * scols);
+                    let clipped = cast_run(c, src, rb, codes);
+                    match c.element {
+                        Fp8Element::E4M3 => E4M3::decode_slice(codes, values),
+                        Fp8Element::E5M2 => {
+                            for (v, &code) in values.iter_mut().zip(codes.iter()) {
+                                *v = E5M2(code).to_f32();
+                            }
+                        }
+                    }
+                    clipped
+                }
+                (None, None) => 0,
+            }
+        })
+    };
+    match out {
+        Sink::Codes(o) => o
+            .par_chunks_mut(p * scols)
+            .enumerate()
+            .map(|(pi, ch)| panel(pi, ch.len() / scols, Some(ch), None))
+            .sum(),
+        Sink::Values(o) => o
+            .par_chunks_mut(p * scols)
+            .enumerate()
+            .map(|(pi, ch)| panel(pi, ch.len() / scols, None, Some(ch)))
+            .sum(),
+    }
+}
+
+/// Quantizes to per-tensor FP8 in the stored layout (`[rows, cols]` rowwise, `[cols, rows]`
+/// columnwise), one code byte per element. Delayed scaling casts with `state.scale()` and
+/// records the amax in `state`; call [`QuantState::end_step`] after the step.
+///
+/// Errors: a format other than FP8, RHT requested, `x.len() != rows * cols`, or a state
+/// whose history length differs from the operand's.
+pub fn quantize(
+    x: &[f32],
+    rows: usize,
+    cols: usize,
+    usage: Usage,
+    q: &OperandQuant,
+    key: RngKey,
+    state: &mut QuantState,
+) -> Result<QuantizedTensor, QuantError> {
+    let (c, amax) = prepare(x, rows, cols, q, key, state)?;
+    let (srows, scols) = stored_shape(rows, cols, usage);
+    let mut codes = vec![0u8; srows * scols];
+    cast_tensor(x, rows, cols, usage, &c, Sink::Codes(&mut codes));
+    Ok(QuantizedTensor {
+        format: q.format,
+        block: q.block,
+        usage,
+        rows: srows,
+        cols: scols,
+        padded_rows: srows,
+        padded_cols: scols,
+        codes,
+        scales: Vec::new(),
+        amax,
+        tensor_scale_inv: 1.0 / c.scale,
+    })
+}
+
+/// Fake quantization: writes the FP8 values `fp8(code)` (without the per-tensor factor) in
+/// the stored layout into `out` (`rows * cols` elements) and returns the per-tensor factor
+/// `scale_inv = fl(1 / scale)`.
+#[allow(clippy::too_many_arguments)]
+pub fn fake_quantize_into(
+    x: &[f32],
+    rows: usize,
+    cols: usize,
+    usage: Usage,
+    q: &OperandQuant,
+    key: RngKey,
+    state: &mut QuantState,
+    out: &mut [f32],
+) -> Result<f32, QuantError> {
+    fake_quantize_counting(x, rows, cols, usage, q, key, state, out).map(|(f, _)| f)
+}
+
+/// [`fake_quantize_into`] that also returns the number of clipped elements.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn fake_quantize_counting(
+    x: &[f32],
+    rows: usize,
+    cols: usize,
+    usage: Usage,
+    q: &OperandQuant,
+    key: RngKey,
+    state: &mut QuantState,
+    out: &mut [f32],
+) -> Result<(f32, usize), QuantError> {
+    panel::check_out(out, x.len())?;
+    let (c, _) = prepare(x, rows, cols, q, key, state)?;
+    let clipped = cast_tensor(x, rows, cols, usage, &c, Sink::Values(out));
+    Ok((1.0 / c.scale, clipped))
+}
+
+/// Dequantizes an FP8 tensor: `fp8(code) · tensor_scale_inv`, stored layout.
+///
+/// # Panics
+/// If the tensor is not per-tensor FP8.
+pub fn dequantize(t: &QuantizedTensor) -> Vec<f32> {
+    let QuantFormat::Fp8 { element, .. } = t.format else {
+        panic!("fp8::dequantize called on {:?}", t.format);
+    };
+    let s = t.tensor_scale_inv;
+    t.codes
+        .par_iter()
+        .map(|&c| decode(element, c) * s)
+        .collect()
+}

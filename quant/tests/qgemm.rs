@@ -1,0 +1,302 @@
+//! The emulated quantized GEMM: FP32 is bit for bit the plain sgemm (no copies, transposed
+//! views), quantized operands equal "fake-quantize, sgemm, α epilogue" bit for bit, and
+//! shapes / configurations are checked with typed errors.
+
+use fp_formats::mx::{MxElement, ScaleRule};
+use quant::gemm::{matmul_tn, sgemm, MatRef};
+use quant::qgemm::{quantized_matmul_tn, quantized_matmul_tn_with, GemmWorkspace, Operand};
+use quant::{
+    fake, AmaxAlgo, BlockShape, Fp8Element, Fp8Scaling, GemmPolicy, OperandQuant, QuantError,
+    QuantFormat, QuantState, Rht, RngKey, RoundingMode, Usage,
+};
+
+fn data(n: usize, seed: u32) -> Vec<f32> {
+    (0..n)
+        .map(|i| {
+            let h = (i as u32 ^ seed.wrapping_mul(0x9E37_79B9)).wrapping_mul(2_654_435_761);
+            ((h >> 8) as f32 / (1u32 << 24) as f32 - 0.5) * 2.0
+        })
+        .collect()
+}
+
+fn transpose(x: &[f32], rows: usize, cols: usize) -> Vec<f32> {
+    let mut t = vec![0.0; x.len()];
+    for r in 0..rows {
+        for c in 0..cols {
+            t[c * rows + r] = x[r * cols + c];
+        }
+    }
+    t
+}
+
+#[test]
+fn fp32_is_plain_sgemm_bit_for_bit() {
+    let (m, n, k) = (37, 29, 70);
+    let a = data(m * k, 1);
+    let b = data(n * k, 2);
+    let f = OperandQuant::F32;
+    let mut want = vec![0.0f32; m * n];
+    matmul_tn(&a, &b, m, n, k, &mut want);
+    let mut got = vec![f32::NAN; m * n];
+    quantized_matmul_tn(
+        Operand::new(&a, m, k, Usage::Rowwise, &f),
+        Operand::new(&b, n, k, Usage::Rowwise, &f),
+        &mut got,
+    )
+    .unwrap();
+    assert!(got
+        .iter()
+        .zip(&want)
+        .all(|(x, y)| x.to_bits() == y.to_bits()));
+    // Columnwise operands are transposed views of the same data: A = atᵀ, B = btᵀ.
+    let at = transpose(&a, m, k); // [k, m]
+    let bt = transpose(&b, n, k); // [k, n]
+    let mut want2 = vec![0.0f32; m * n];
+    sgemm(
+        1.0,
+        MatRef::row_major(&at, k, m).t(),
+        MatRef::row_major(&bt, k, n),
+        0.0,
+        &mut want2,
+    );
+    quantized_matmul_tn(
+        Operand::new(&at, k, m, Usage::Columnwise, &f),
+        Operand::new(&bt, k, n, Usage::Columnwise, &f),
+        &mut got,
+    )
+    .unwrap();
+    assert!(got
+        .iter()
+        .zip(&want2)
+        .all(|(x, y)| x.to_bits() == y.to_bits()));
+}
+
+/// Every quantized policy: out == α · sgemm(fake_A, fake_Bᵀ) bit for bit, with α the product
+/// of the per-tensor factors applied after the accumulation.
+#[test]
+fn quantized_equals_fake_quantize_then_sgemm() {
+    let (m, n, k) = (40, 24, 64);
+    let key_a = RngKey {
+        seed: 1,
+        stream: 10,
+    };
+    let key_b = RngKey {
+        seed: 1,
+        stream: 10,
+    }; // same key: same random Hadamard signs
+    let mut mixed =
+        OperandQuant::mx(MxElement::E2M1, ScaleRule::Floor).with_rounding(RoundingMode::Stochastic);
+    mixed.format = QuantFormat::Mx {
+        element: MxElement::E2M1,
+        rule: ScaleRule::Floor,
+        sr_prescale: true,
+    };
+    let p = GemmPolicy::nvfp4_paper();
+    let cases: Vec<(OperandQuant, OperandQuant, Usage)> = vec![
+        (p.fprop.a, p.fprop.b, Usage::Rowwise),
+        (p.wgrad.a, p.wgrad.b, Usage::Columnwise),
+        (
+            OperandQuant::fp8_current(Fp8Element::E4M3),
+            OperandQuant::fp8_current(Fp8Element::E5M2),
+            Usage::Rowwise,
+        ),
+        (
+            OperandQuant::mx(MxElement::E4M3, ScaleRule::Rceil),
+            OperandQuant::mx(MxElement::E3M2, ScaleRule::Even),
+            Usage::Columnwise,
+        ),
+        (mixed, mixed, Usage::Rowwise),
+        (OperandQuant::BF16, OperandQuant::F32, Usage::Columnwise),
+        (
+            OperandQuant::mx(MxElement::E2M1, ScaleRule::Rceil).with_rht(Rht::RandomSigns),
+            OperandQuant::mx(MxElement::E2M1, ScaleRule::Rceil).with_rht(Rht::RandomSigns),
+            Usage::Columnwise,
+        ),
+    ];
+    let mut ws = GemmWorkspace::new();
+    for (qa, qb, usage) in cases {
+        let (ar, ac) = if usage == Usage::Rowwise {
+            (m, k)
+        } else {
+            (k, m)
+        };
+        let (br, bc) = if usage == Usage::Rowwise {
+            (n, k)
+        } else {
+            (k, n)
+        };
+        let a = data(ar * ac, 3);
+        let b = data(br * bc, 4);
+        let mut fa = vec![0.0f32; m * k];
+        let mut fb = vec![0.0f32; n * k];
+        let sa = fake::fake_quantize_into(
+            &a,
+            ar,
+            ac,
+            usage,
+            &qa,
+            key_a,
+            &mut QuantState::new(),
+            &mut fa,
+        )
+        .unwrap();
+        let sb = fake::fake_quantize_into(
+            &b,
+            br,
+            bc,
+            usage,
+            &qb,
+            key_b,
+            &mut QuantState::new(),
+            &mut fb,
+        )
+        .unwrap();
+        let mut want = vec![0.0f32; m * n];
+        matmul_tn(&fa, &fb, m, n, k, &mut want);
+        let alpha = sa * sb;
+        for v in &mut want {
+            *v *= alpha;
+        }
+        let mut got = vec![0.0f32; m * n];
+        quantized_matmul_tn_with(
+            Operand::new(&a, ar, ac, usage, &qa).with_key(key_a),
+            Operand::new(&b, br, bc, usage, &qb).with_key(key_b),
+            &mut got,
+            &mut ws,
+        )
+        .unwrap();
+        assert!(
+            got.iter()
+                .zip(&want)
+                .all(|(x, y)| x.to_bits() == y.to_bits()),
+            "{qa:?} x {qb:?}"
+        );
+        // And it approximates the exact product.
+        let mut exact = vec![0.0f32; m * n];
+        let (a_op, b_op) = if usage == Usage::Rowwise {
+            (a.clone(), b.clone())
+        } else {
+            (transpose(&a, ar, ac), transpose(&b, br, bc))
+        };
+        matmul_tn(&a_op, &b_op, m, n, k, &mut exact);
+        let num: f64 = got
+            .iter()
+            .zip(&exact)
+            .map(|(x, y)| ((x - y) as f64).powi(2))
+            .sum();
+        let den: f64 = exact.iter().map(|y| (*y as f64).powi(2)).sum();
+        assert!(
+            (num / den).sqrt() < 0.4,
+            "{qa:?}: relative error {}",
+            (num / den).sqrt()
+        );
+    }
+}
+
+#[test]
+fn delayed_fp8_needs_state_and_updates_it() {
+    let q = OperandQuant {
+        format: QuantFormat::Fp8 {
+            element: Fp8Element::E4M3,
+            scaling: Fp8Scaling::Delayed {
+                history_len: 4,
+                margin: 0,
+                algo: AmaxAlgo::Max,
+            },
+        },
+        ..OperandQuant::F32
+    };
+    let a = data(8 * 32, 5);
+    let b = data(4 * 32, 6);
+    let f = OperandQuant::F32;
+    let mut out = vec![0.0f32; 32];
+    let r = quantized_matmul_tn(
+        Operand::new(&a, 8, 32, Usage::Rowwise, &q),
+        Operand::new(&b, 4, 32, Usage::Rowwise, &f),
+        &mut out,
+    );
+    assert!(matches!(r, Err(QuantError::InvalidConfig(_))));
+    let mut st = QuantState::new();
+    quantized_matmul_tn(
+        Operand::new(&a, 8, 32, Usage::Rowwise, &q).with_state(&mut st),
+        Operand::new(&b, 4, 32, Usage::Rowwise, &f),
+        &mut out,
+    )
+    .unwrap();
+    let amax = a.iter().fold(0.0f32, |m, v| m.max(v.abs()));
+    assert_eq!(st.amax_history()[0], amax);
+    st.end_step(&q).unwrap();
+    assert_eq!(st.scale(), 448.0 / amax);
+}
+
+#[test]
+fn shape_errors() {
+    let f = OperandQuant::F32;
+    let nv = OperandQuant::nvfp4();
+    let a = data(6 * 16, 1);
+    let b = data(5 * 32, 2);
+    let mut out = vec![0.0f32; 30];
+    let r = quantized_matmul_tn(
+        Operand::new(&a, 6, 16, Usage::Rowwise, &nv),
+        Operand::new(&b, 5, 32, Usage::Rowwise, &f),
+        &mut out,
+    );
+    assert!(matches!(r, Err(QuantError::GemmShape(_))));
+    let r = quantized_matmul_tn(
+        Operand::new(&a, 6, 16, Usage::Rowwise, &nv),
+        Operand::new(&b, 10, 16, Usage::Rowwise, &f),
+        &mut out,
+    );
+    assert!(matches!(r, Err(QuantError::GemmShape(_))), "{r:?}");
+    let r = quantized_matmul_tn(
+        Operand::new(&a, 6, 17, Usage::Rowwise, &nv),
+        Operand::new(&b, 10, 16, Usage::Rowwise, &f),
+        &mut out,
+    );
+    assert!(matches!(r, Err(QuantError::Format(_))));
+    let bad = nv.with_block(BlockShape::Row32);
+    let r = quantized_matmul_tn(
+        Operand::new(&a, 6, 16, Usage::Rowwise, &bad),
+        Operand::new(&b, 10, 16, Usage::Rowwise, &f),
+        &mut out,
+    );
+    assert!(matches!(r, Err(QuantError::InvalidConfig(_))));
+    // Columnwise: A = aᵀ is [16, 6], so K = 6 must match B's K.
+    let b6 = data(3 * 6, 3);
+    let mut out2 = vec![0.0f32; 48];
+    quantized_matmul_tn(
+        Operand::new(&a, 6, 16, Usage::Columnwise, &f),
+        Operand::new(&b6, 3, 6, Usage::Rowwise, &f),
+        &mut out2,
+    )
+    .unwrap();
+}
+
+#[test]
+fn workspace_is_reused_and_threads_do_not_matter() {
+    let (m, n, k) = (64, 48, 128);
+    let a = data(m * k, 7);
+    let b = data(n * k, 8);
+    let qa = OperandQuant::nvfp4().with_rounding(RoundingMode::Stochastic);
+    let qb = OperandQuant::nvfp4().with_block(BlockShape::Tile16);
+    let key = RngKey { seed: 3, stream: 3 };
+    let run = |threads: usize| {
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(threads)
+            .build()
+            .unwrap();
+        pool.install(|| {
+            let mut out = vec![0.0f32; m * n];
+            for _ in 0..3 {
+                quantized_matmul_tn(
+                    Operand::new(&a, m, k, Usage::Rowwise, &qa).with_key(key),
+                    Operand::new(&b, n, k, Usage::Rowwise, &qb),
+                    &mut out,
+                )
+                .unwrap();
+            }
+            out
+        })
+    };
+    assert_eq!(run(1), run(2));
+}
