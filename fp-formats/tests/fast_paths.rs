@@ -214,11 +214,13 @@ fn nvfp4_matrix(rows: usize, cols: usize, seed: u64) -> Vec<f32> {
 
 #[test]
 fn nvfp4_quantize_matches_the_spec_reference() {
+    // Groups of 8 blocks, full and partial passes of groups, single blocks, padding.
     let shapes = [
         (1, 16),
         (3, 48),
         (5, 128),
         (7, 16 * 13),
+        (3, 16 * 45),
         (33, 1024),
         (2, 20),
         (4, 200),
@@ -367,6 +369,7 @@ fn mx_quantize_matches_the_reference_for_every_element_and_rule() {
         (3, 96),
         (4, 256),
         (3, 32 * 19),
+        (2, 32 * 45),
         (9, 1024),
         (2, 40),
         (3, 7),

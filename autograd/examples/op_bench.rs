@@ -1,0 +1,87 @@
+//! Times single ops forward + backward at the step_bench shapes (dev aid):
+//! `cargo run --release -p autograd --example op_bench -- [reps]`.
+use std::time::Instant;
+
+use autograd::{init, Graph, ParamStore, Result, Tensor};
+
+fn time(name: &str, reps: usize, f: impl Fn(&mut Graph<'_>) -> Result<Tensor>) -> Result<()> {
+    let mut ps = ParamStore::new();
+    let mut best = f64::MAX;
+    for _ in 0..reps {
+        let mut g = Graph::new(&mut ps);
+        let t0 = Instant::now();
+        let y = f(&mut g)?;
+        let n = g.shape(y)?.numel();
+        let r = vec![1.0f32; n];
+        g.backward_with(y, &r)?;
+        best = best.min(t0.elapsed().as_secs_f64());
+    }
+    println!("{name:<24} {:>9.3} ms", best * 1e3);
+    Ok(())
+}
+
+fn main() -> Result<()> {
+    let reps: usize = std::env::args()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(20);
+    let (n, d, h) = (2048, 256, 768);
+    let xd = init::normal(n * d, 1.0, 1);
+    let xh = init::normal(n * h, 1.0, 2);
+    let xh2 = init::normal(n * h, 1.0, 3);
+    let w = vec![1.0f32; d];
+    time("swiglu [2048,768]", reps, |g| {
+        let a = g.variable(&xh, &[n, h])?;
+        let b = g.variable(&xh2, &[n, h])?;
+        g.swiglu(a, b)
+    })?;
+    time("gelu [2048,768]", reps, |g| {
+        let a = g.variable(&xh, &[n, h])?;
+        g.gelu(a)
+    })?;
+    time("rmsnorm [2048,256]", reps, |g| {
+        let a = g.variable(&xd, &[n, d])?;
+        let w = g.variable(&w, &[d])?;
+        g.rmsnorm(a, w, 1e-5)
+    })?;
+    time("rope [8,4,256,64]", reps, |g| {
+        let a = g.variable(&xd, &[8, 4, 256, 64])?;
+        g.rope(a, 10000.0, 0)
+    })?;
+    time("split_heads [8,256,256]", reps, |g| {
+        let a = g.variable(&xd, &[8, 256, 256])?;
+        g.split_heads(a, 4)
+    })?;
+    time("add [2048,256]", reps, |g| {
+        let a = g.variable(&xd, &[n, d])?;
+        let b = g.variable(&xd, &[n, d])?;
+        g.add(a, b)
+    })?;
+    time("attention [8,4,256,64]", reps, |g| {
+        let q = g.variable(&xd, &[8, 4, 256, 64])?;
+        let k = g.variable(&xd, &[8, 4, 256, 64])?;
+        let v = g.variable(&xd, &[8, 4, 256, 64])?;
+        g.causal_attention(q, k, v)
+    })?;
+    time("cross_entropy [2048,256]", reps, |g| {
+        let a = g.variable(&xd, &[n, d])?;
+        let t: Vec<u32> = (0..n as u32).map(|i| i % 256).collect();
+        g.cross_entropy(a, &t, None)
+    })?;
+    let wq = init::normal(h * d, 0.05, 4);
+    for (name, pol) in [
+        ("linear fp32 2048x256->768", quant::GemmPolicy::FP32),
+        ("linear bf16 2048x256->768", quant::GemmPolicy::BF16),
+        (
+            "linear nvfp4 2048x256->768",
+            quant::GemmPolicy::nvfp4_paper(),
+        ),
+    ] {
+        time(name, reps, |g| {
+            let x = g.variable(&xd, &[n, d])?;
+            let w = g.variable(&wq, &[h, d])?;
+            g.linear(x, w, None, &pol, 0)
+        })?;
+    }
+    Ok(())
+}

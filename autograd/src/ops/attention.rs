@@ -1,0 +1,403 @@
+//! Fused causal scaled-dot-product attention on `[B, H, T, D]` tensors.
+//!
+//! Per (batch, head) and per block of `BQ` queries, the forward pass computes the score strip
+//! `S = QKᵀ/√D` over the keys the block can see (causal: key `j ≤ t`), a numerically stable
+//! softmax row by row, and `O = P V`; both products go through `quant::gemm::sgemm`. Only
+//! one `BQ × T` strip per worker exists at a time (never the `T × T` matrix), and only the
+//! per-row log-sum-exp is saved for backward, which recomputes `P` strip by strip
+//! (FlashAttention's recipe):
+//!
+//! ```text
+//! dV += Pᵀ dO      dP = dO Vᵀ      dS = P ⊙ (dP − rowsum(dO ⊙ O))
+//! dQ  = dS K / √D  dK += dSᵀ Q / √D
+//! ```
+//! Heads run in parallel; the blocks of one head run in a fixed order, so results are
+//! deterministic on any number of threads.
+
+use quant::gemm::{sgemm, MatRef};
+use rayon::prelude::*;
+
+use crate::cpu::{dot, exp, max, simd, sum};
+use crate::error::shape_err;
+use crate::graph::{backward_fn, BackwardCtx, Grad};
+use crate::{Graph, Result, Tensor};
+
+/// Queries per block.
+const BQ: usize = 64;
+
+/// The gradient buffer of `x`, or a scratch buffer to discard when `x` needs none.
+fn take_or_scratch(ctx: &mut BackwardCtx<'_>, x: Tensor, n: usize) -> (Grad, bool) {
+    match ctx.take(x) {
+        Some(g) => (g, true),
+        None => (
+            Grad {
+                buf: ctx.pool.take(n),
+                fresh: true,
+            },
+            false,
+        ),
+    }
+}
+
+impl Graph<'_> {
+    /// Causal self-attention `softmax(QKᵀ/√D + causal mask) V` for `q, k, v: [B, H, T, D]`
+    /// (query `t` sees keys `0..=t`); returns `[B, H, T, D]`.
+    ///
+    /// ```
+    /// use autograd::{Graph, ParamStore};
+    /// let mut ps = ParamStore::new();
+    /// let mut g = Graph::new(&mut ps);
+    /// // B = H = 1, T = 2, D = 1: the first query sees only the first value
+    /// let q = g.input(&[1.0, 1.0], &[1, 1, 2, 1])?;
+    /// let k = g.input(&[0.0, 0.0], &[1, 1, 2, 1])?;
+    /// let v = g.input(&[2.0, 4.0], &[1, 1, 2, 1])?;
+    /// let o = g.causal_attention(q, k, v)?;
+    /// assert_eq!(g.value(o)?, &[2.0, 3.0]); // equal scores: mean of the visible values
+    /// # Ok::<(), autograd::Error>(())
+    /// ```
+    pub fn causal_attention(&mut self, q: Tensor, k: Tensor, v: Tensor) -> Result<Tensor> {
+        let (sq, sk, sv) = (self.shape(q)?, self.shape(k)?, self.shape(v)?);
+        if sq.rank() != 4 || sk != sq || sv != sq {
+            return shape_err(
+                "causal_attention",
+                format!("q, k, v must share one [B, H, T, D] shape, got {sq}, {sk}, {sv}"),
+            );
+        }
+        let (t, d) = (sq.dims()[2], sq.dims()[3]);
+        let bh = sq.dims()[0] * sq.dims()[1];
+        let mut out = self.alloc(sq.numel());
+        let mut lse = vec![0.0f32; bh * t];
+        let vals = self.values();
+        cpu::forward(
+            vals.get(q),
+            vals.get(k),
+            vals.get(v),
+            t,
+            d,
+            out.as_mut_slice(),
+            &mut lse,
+        );
+        let me = self.next_tensor();
+        let bw = self.needs_grad(&[q, k, v]).then(|| {
+            backward_fn(move |ctx, dy| {
+                let n = bh * t * d;
+                let (mut gq, kq) = take_or_scratch(ctx, q, n);
+                let (mut gk, kk) = take_or_scratch(ctx, k, n);
+                let (mut gv, kv) = take_or_scratch(ctx, v, n);
+                let betas = [gq.beta(), gk.beta(), gv.beta()];
+                let x = ctx.vals;
+                cpu::backward(
+                    [x.get(q), x.get(k), x.get(v), x.get(me)],
+                    &lse,
+                    dy,
+                    t,
+                    d,
+                    [gq.slice(), gk.slice(), gv.slice()],
+                    betas,
+                );
+                for (x, g, keep) in [(q, gq, kq), (k, gk, kk), (v, gv, kv)] {
+                    if keep {
+                        ctx.put(x, g);
+                    } else {
+                        ctx.pool.give(g.buf);
+                    }
+                }
+                Ok(())
+            })
+        });
+        Ok(self.push("causal_attention", out, sq, bw))
+    }
+}
+
+/// CPU kernels.
+pub(crate) mod cpu {
+    use super::*;
+
+    /// Forward over all heads; writes `out` and the per-row log-sum-exp `lse`.
+    pub(crate) fn forward(
+        q: &[f32],
+        k: &[f32],
+        v: &[f32],
+        t: usize,
+        d: usize,
+        out: &mut [f32],
+        lse: &mut [f32],
+    ) {
+        let hd = t * d;
+        if hd == 0 {
+            return;
+        }
+        out.par_chunks_mut(hd)
+            .zip(lse.par_chunks_mut(t))
+            .enumerate()
+            .for_each_init(
+                || vec![0.0f32; BQ.min(t) * t],
+                |s, (h, (o, l))| {
+                    let r = h * hd..(h + 1) * hd;
+                    simd(
+                        #[inline(always)]
+                        || head_forward(&q[r.clone()], &k[r.clone()], &v[r], t, d, o, l, s),
+                    );
+                },
+            );
+    }
+
+    /// Turns the visible part of a score row into softmax probabilities (masked part: 0) and
+    /// returns its log-sum-exp.
+    #[inline(always)]
+    fn softmax_row(row: &mut [f32], visible: usize) -> f32 {
+        let (vis, masked) = row.split_at_mut(visible);
+        let m = max(vis);
+        for x in vis.iter_mut() {
+            *x = exp(*x - m);
+        }
+        let l = sum(vis);
+        let inv = 1.0 / l;
+        for x in vis.iter_mut() {
+            *x *= inv;
+        }
+        masked.fill(0.0);
+        m + l.ln()
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    #[inline(always)]
+    fn head_forward(
+        q: &[f32],
+        k: &[f32],
+        v: &[f32],
+        t: usize,
+        d: usize,
+        o: &mut [f32],
+        lse: &mut [f32],
+        s: &mut [f32],
+    ) {
+        let scale = 1.0 / (d as f32).sqrt();
+        for qb in (0..t).step_by(BQ) {
+            let r1 = (qb + BQ).min(t);
+            let (bq, kv) = (r1 - qb, r1);
+            let s = &mut s[..bq * kv];
+            let qm = MatRef::row_major(&q[qb * d..r1 * d], bq, d);
+            sgemm(
+                scale,
+                qm,
+                MatRef::row_major(&k[..kv * d], kv, d).t(),
+                0.0,
+                s,
+            );
+            for (i, row) in s.chunks_exact_mut(kv).enumerate() {
+                lse[qb + i] = softmax_row(row, qb + i + 1);
+            }
+            let p = MatRef::row_major(s, bq, kv);
+            sgemm(
+                1.0,
+                p,
+                MatRef::row_major(&v[..kv * d], kv, d),
+                0.0,
+                &mut o[qb * d..r1 * d],
+            );
+        }
+    }
+
+    /// Backward over all heads. `x = [q, k, v, o]`; `g = [dq, dk, dv]` written with GEMM
+    /// `betas` (0: overwrite a fresh buffer, 1: accumulate).
+    pub(crate) fn backward(
+        x: [&[f32]; 4],
+        lse: &[f32],
+        dout: &[f32],
+        t: usize,
+        d: usize,
+        g: [&mut [f32]; 3],
+        betas: [f32; 3],
+    ) {
+        let hd = t * d;
+        if hd == 0 {
+            return;
+        }
+        let [dq, dk, dv] = g;
+        dq.par_chunks_mut(hd)
+            .zip(dk.par_chunks_mut(hd))
+            .zip(dv.par_chunks_mut(hd))
+            .enumerate()
+            .for_each_init(
+                || vec![0.0f32; 2 * BQ.min(t) * t + t],
+                |scr, (h, ((dq, dk), dv))| {
+                    let r = h * hd..(h + 1) * hd;
+                    let xs = [
+                        &x[0][r.clone()],
+                        &x[1][r.clone()],
+                        &x[2][r.clone()],
+                        &x[3][r.clone()],
+                    ];
+                    let (lse, dout) = (&lse[h * t..(h + 1) * t], &dout[r]);
+                    simd(
+                        #[inline(always)]
+                        || head_backward(xs, lse, dout, t, d, [dq, dk, dv], betas, scr),
+                    );
+                },
+            );
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    #[inline(always)]
+    fn head_backward(
+        x: [&[f32]; 4],
+        lse: &[f32],
+        dout: &[f32],
+        t: usize,
+        d: usize,
+        g: [&mut [f32]; 3],
+        betas: [f32; 3],
+        scr: &mut [f32],
+    ) {
+        let [q, k, v, o] = x;
+        let [dq, dk, dv] = g;
+        let scale = 1.0 / (d as f32).sqrt();
+        let strip = BQ.min(t) * t;
+        let (s, rest) = scr.split_at_mut(strip);
+        let (dp, delta) = rest.split_at_mut(strip);
+        for (i, dl) in delta.iter_mut().enumerate() {
+            *dl = dot(&dout[i * d..(i + 1) * d], &o[i * d..(i + 1) * d]);
+        }
+        let nblocks = t.div_ceil(BQ);
+        // last block first: it sees every key, so it initialises all of dK and dV
+        for bi in (0..nblocks).rev() {
+            let qb = bi * BQ;
+            let r1 = (qb + BQ).min(t);
+            let (bq, kv) = (r1 - qb, r1);
+            let (bk, bv) = if bi == nblocks - 1 {
+                (betas[1], betas[2])
+            } else {
+                (1.0, 1.0)
+            };
+            let s = &mut s[..bq * kv];
+            let dp = &mut dp[..bq * kv];
+            let qm = MatRef::row_major(&q[qb * d..r1 * d], bq, d);
+            let km = MatRef::row_major(&k[..kv * d], kv, d);
+            let vm = MatRef::row_major(&v[..kv * d], kv, d);
+            let dom = MatRef::row_major(&dout[qb * d..r1 * d], bq, d);
+            // P = exp(S - lse), masked
+            sgemm(scale, qm, km.t(), 0.0, s);
+            for (i, row) in s.chunks_exact_mut(kv).enumerate() {
+                let (vis, masked) = row.split_at_mut(qb + i + 1);
+                let l = lse[qb + i];
+                for x in vis.iter_mut() {
+                    *x = exp(*x - l);
+                }
+                masked.fill(0.0);
+            }
+            let pm = MatRef::row_major(s, bq, kv);
+            sgemm(1.0, pm.t(), dom, bv, &mut dv[..kv * d]);
+            sgemm(1.0, dom, vm.t(), 0.0, dp);
+            for (i, (dpr, pr)) in dp.chunks_exact_mut(kv).zip(s.chunks_exact(kv)).enumerate() {
+                let dl = delta[qb + i];
+                for (x, &p) in dpr.iter_mut().zip(pr) {
+                    *x = p * (*x - dl);
+                }
+            }
+            let dsm = MatRef::row_major(dp, bq, kv);
+            sgemm(scale, dsm, km, betas[0], &mut dq[qb * d..r1 * d]);
+            sgemm(scale, dsm.t(), qm, bk, &mut dk[..kv * d]);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::ops::test_util::assert_gradcheck;
+    use crate::{init, Error, Graph, ParamStore, Tensor};
+
+    /// The unfused reference: masked softmax(QKᵀ/√D) V from matmul ops.
+    fn reference(g: &mut Graph<'_>, q: Tensor, k: Tensor, v: Tensor) -> crate::Result<Tensor> {
+        let s = g.shape(q)?;
+        let (t, d) = (s.dims()[2], s.dims()[3]);
+        let sc = g.matmul_t(q, k)?;
+        let sc = g.scale(sc, 1.0 / (d as f32).sqrt())?;
+        let scv = g.to_vec(sc)?;
+        let rows = scv.len() / t;
+        let mut p = vec![0.0f32; scv.len()];
+        for r in 0..rows {
+            let i = r % t;
+            let row = &scv[r * t..r * t + i + 1];
+            let m = row.iter().cloned().fold(f32::NEG_INFINITY, f32::max);
+            let z: f64 = row.iter().map(|&x| ((x - m) as f64).exp()).sum();
+            for (j, &x) in row.iter().enumerate() {
+                p[r * t + j] = (((x - m) as f64).exp() / z) as f32;
+            }
+        }
+        let p = g.input(&p, &[s.dims()[0], s.dims()[1], t, t])?;
+        g.matmul(p, v)
+    }
+
+    #[test]
+    fn gradcheck_causal_attention() {
+        let mut ps = ParamStore::new();
+        let sh = [2, 2, 5, 4];
+        let q = ps.add("q", &sh, init::normal(80, 1.0, 1)).unwrap();
+        let k = ps.add("k", &sh, init::normal(80, 1.0, 2)).unwrap();
+        let v = ps.add("v", &sh, init::normal(80, 1.0, 3)).unwrap();
+        assert_gradcheck(&mut ps, |g| {
+            let (q, k, v) = (g.param(q)?, g.param(k)?, g.param(v)?);
+            let a = g.causal_attention(q, k, v)?;
+            let b = g.causal_attention(q, q, q)?; // one tensor in three roles
+            g.add(a, b)
+        });
+    }
+
+    #[test]
+    fn multi_block_attention_matches_unfused_reference() {
+        // T spans several query blocks, including a partial one
+        let (b, h, t, d) = (1, 2, 150, 16);
+        let n = b * h * t * d;
+        let mut ps = ParamStore::new();
+        let mut g = Graph::new(&mut ps);
+        let q = g.variable(&init::normal(n, 1.0, 4), &[b, h, t, d]).unwrap();
+        let k = g.variable(&init::normal(n, 1.0, 5), &[b, h, t, d]).unwrap();
+        let v = g.input(&init::normal(n, 1.0, 6), &[b, h, t, d]).unwrap();
+        let o = g.causal_attention(q, k, v).unwrap();
+        let r = reference(&mut g, q, k, v).unwrap();
+        let (ov, rv) = (g.to_vec(o).unwrap(), g.to_vec(r).unwrap());
+        let err = ov
+            .iter()
+            .zip(&rv)
+            .map(|(a, b)| (a - b).abs())
+            .fold(0.0, f32::max);
+        assert!(err < 2e-5, "max error {err}");
+        let l = g.sum(o).unwrap();
+        g.backward(l).unwrap();
+        assert!(g.grad(q).unwrap().unwrap().iter().all(|x| x.is_finite()));
+        assert!(g.grad(v).unwrap().is_none());
+    }
+
+    #[test]
+    fn gradcheck_attention_across_blocks() {
+        // T = 70 > BQ: the backward's block loop (reverse order, dK/dV accumulation across
+        // blocks) is checked numerically
+        let mut ps = ParamStore::new();
+        let sh = [1, 1, 70, 2];
+        let q = ps.add("q", &sh, init::normal(140, 1.0, 7)).unwrap();
+        let k = ps.add("k", &sh, init::normal(140, 1.0, 8)).unwrap();
+        let v = ps.add("v", &sh, init::normal(140, 1.0, 9)).unwrap();
+        assert_gradcheck(&mut ps, |g| {
+            let (q, k, v) = (g.param(q)?, g.param(k)?, g.param(v)?);
+            g.causal_attention(q, k, v)
+        });
+    }
+
+    #[test]
+    fn attention_shape_errors() {
+        let mut ps = ParamStore::new();
+        let mut g = Graph::new(&mut ps);
+        let a = g.input(&[0.0; 8], &[1, 1, 2, 4]).unwrap();
+        let b = g.input(&[0.0; 8], &[1, 1, 4, 2]).unwrap();
+        assert!(matches!(
+            g.causal_attention(a, b, a),
+            Err(Error::Shape { .. })
+        ));
+        let c = g.input(&[0.0; 8], &[2, 4]).unwrap();
+        assert!(matches!(
+            g.causal_attention(c, c, c),
+            Err(Error::Shape { .. })
+        ));
+    }
+}

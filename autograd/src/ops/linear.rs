@@ -1,0 +1,670 @@
+//! The quantized linear layer `Y = X Wᵀ (+ b)`, its three GEMMs driven by a
+//! [`quant::GemmPolicy`] (architecture.md, "The precision model"; numerics-spec 2.10):
+//!
+//! | GEMM  | computes        | operand A (policy)              | operand B (policy)            |
+//! |-------|-----------------|---------------------------------|-------------------------------|
+//! | Fprop | `Y = X Wᵀ`      | X rowwise `[T, in]` (`fprop.a`)  | W rowwise `[out, in]` (`fprop.b`) |
+//! | Dgrad | `dX = dY W`     | dY rowwise `[T, out]` (`dgrad.a`)| W columnwise = Wᵀ `[in, out]` (`dgrad.b`) |
+//! | Wgrad | `dW = dYᵀ X`    | dY columnwise = dYᵀ `[out, T]` (`wgrad.a`) | X columnwise = Xᵀ `[in, T]` (`wgrad.b`) |
+//!
+//! Every GEMM is one call of [`quant::qgemm::quantized_matmul_tn`], each operand quantized
+//! from the high-precision tensor (rowwise and columnwise copies independently), and the
+//! gradients pass straight through the quantizers. Random bits (stochastic rounding, random
+//! Hadamard signs) come from a distinct Philox stream per operand role, layer and step: see
+//! [`gemm_stream`]. An all-FP32 policy is bit for bit the plain f32 linear layer.
+
+use quant::qgemm::{quantized_matmul_tn, Operand};
+use quant::{GemmPolicy, QuantState, RngKey, Usage};
+
+use crate::cpu::{add_assign, for_rows, sum_rows};
+use crate::error::{arg_err, shape_err};
+use crate::graph::backward_fn;
+use crate::{Graph, Result, Tensor};
+
+/// The six GEMM operands of a linear layer (the "role" part of a random stream id).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[repr(u8)]
+pub enum OperandRole {
+    /// Fprop operand A: X rowwise.
+    FpropX = 0,
+    /// Fprop operand B: W rowwise.
+    FpropW = 1,
+    /// Dgrad operand A: dY rowwise.
+    DgradDy = 2,
+    /// Dgrad operand B: W columnwise.
+    DgradW = 3,
+    /// Wgrad operand A: dY columnwise.
+    WgradDy = 4,
+    /// Wgrad operand B: X columnwise.
+    WgradX = 5,
+}
+
+/// Largest layer stream id [`gemm_stream`] accepts (21 bits).
+pub const MAX_LAYER_STREAM: u64 = (1 << 21) - 1;
+/// Largest step [`gemm_stream`] accepts (40 bits).
+pub const MAX_STEP: u64 = (1 << 40) - 1;
+
+/// The Philox stream id of one GEMM operand: `step << 24 | layer << 3 | role`.
+///
+/// Bits 0–2 hold the [`OperandRole`], bits 3–23 the layer's stream id (`≤ 2²¹ − 1`), bits
+/// 24–63 the training step (`≤ 2⁴⁰ − 1`). The packing is injective, so every (layer, role,
+/// step) triple gets its own stream under the run's seed (`RngKey { seed, stream }`), the
+/// rowwise and columnwise copies of one tensor never share random bits, and a replayed step
+/// reproduces its bits exactly (on the GPU too, which derives the same id).
+///
+/// ```
+/// use autograd::{gemm_stream, OperandRole};
+/// assert_eq!(gemm_stream(5, OperandRole::WgradDy, 2)?, (2 << 24) | (5 << 3) | 4);
+/// assert!(gemm_stream(1 << 21, OperandRole::FpropX, 0).is_err());
+/// # Ok::<(), autograd::Error>(())
+/// ```
+pub fn gemm_stream(layer: u64, role: OperandRole, step: u64) -> Result<u64> {
+    if layer > MAX_LAYER_STREAM || step > MAX_STEP {
+        return arg_err(
+            "gemm_stream",
+            format!("layer stream {layer} (max {MAX_LAYER_STREAM}) or step {step} (max {MAX_STEP}) out of range"),
+        );
+    }
+    Ok((step << 24) | (layer << 3) | role as u64)
+}
+
+fn key(seed: u64, layer: u64, role: OperandRole, step: u64) -> Result<RngKey> {
+    Ok(RngKey {
+        seed,
+        stream: gemm_stream(layer, role, step)?,
+    })
+}
+
+/// Quantizer state of one linear layer, one [`QuantState`] per GEMM operand, kept in the
+/// [`ParamStore`](crate::ParamStore) next to the layer's weight so that FP8 delayed-scaling
+/// histories persist across steps. Call [`ParamStore::end_quant_step`](crate::ParamStore::end_quant_step)
+/// once per optimizer step to roll the histories (a no-op for every other format).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct LinearQuantState {
+    /// The policy the layer last ran with (its settings drive [`LinearQuantState::end_step`]).
+    pub policy: Option<GemmPolicy>,
+    /// Per-operand states, indexed by [`OperandRole`].
+    pub operands: [QuantState; 6],
+}
+
+impl LinearQuantState {
+    /// The state of one operand.
+    pub fn operand(&self, role: OperandRole) -> &QuantState {
+        &self.operands[role as usize]
+    }
+
+    /// Ends a training step: [`QuantState::end_step`] for every operand with its setting.
+    pub fn end_step(&mut self) -> Result<()> {
+        if let Some(p) = self.policy {
+            let qs = [
+                p.fprop.a, p.fprop.b, p.dgrad.a, p.dgrad.b, p.wgrad.a, p.wgrad.b,
+            ];
+            for (s, q) in self.operands.iter_mut().zip(&qs) {
+                s.end_step(q)?;
+            }
+        }
+        Ok(())
+    }
+}
+
+impl crate::ParamStore {
+    /// Ends a training step for every linear layer's quantizer state (rolls FP8
+    /// delayed-scaling amax histories; nothing else changes).
+    pub fn end_quant_step(&mut self) -> Result<()> {
+        for s in self.states.iter_mut().flatten() {
+            s.end_step()?;
+        }
+        Ok(())
+    }
+}
+
+/// Two distinct operand states at once.
+fn st2(
+    s: &mut LinearQuantState,
+    a: OperandRole,
+    b: OperandRole,
+) -> (&mut QuantState, &mut QuantState) {
+    let (a, b) = (a as usize, b as usize);
+    debug_assert!(a < b);
+    let (lo, hi) = s.operands.split_at_mut(b);
+    (&mut lo[a], &mut hi[0])
+}
+
+impl Graph<'_> {
+    /// The linear layer `y = x Wᵀ (+ bias)` with quantized GEMMs.
+    ///
+    /// * `x: [..., in]`, `w: [out, in]`, `bias: [out]`; the output is `[..., out]`.
+    /// * `policy` sets the six operand quantizers; [`GemmPolicy::FP32`] is exact f32.
+    /// * `stream` is the layer's random stream id (unique per linear layer of the model,
+    ///   `≤ MAX_LAYER_STREAM`); with the graph's seed and step it keys every random bit
+    ///   ([`gemm_stream`]).
+    /// * When `w` is a parameter, the layer's [`LinearQuantState`] lives in the store and
+    ///   persists across steps; with gradients off, the forward GEMM uses a copy of it, so
+    ///   evaluation does not touch delayed-scaling histories.
+    /// * The quantizers' own constraints surface as [`Error::Quant`](crate::Error::Quant):
+    ///   e.g. the Hadamard transform of NVFP4's Wgrad operands needs the token count (the rows
+    ///   of `x`) to be a multiple of 16.
+    ///
+    /// ```
+    /// use autograd::{Graph, ParamStore};
+    /// use quant::GemmPolicy;
+    /// let mut ps = ParamStore::new();
+    /// let w = ps.add("w", &[2, 3], vec![1.0, 0.0, 0.0, 0.0, 1.0, 1.0])?;
+    /// let b = ps.add("b", &[2], vec![0.5, -0.5])?;
+    /// let mut g = Graph::new(&mut ps).with_rng(42, 0);
+    /// let x = g.input(&[1.0, 2.0, 3.0], &[1, 3])?;
+    /// let (wt, bt) = (g.param(w)?, g.param(b)?);
+    /// let y = g.linear(x, wt, Some(bt), &GemmPolicy::FP32, 0)?;
+    /// assert_eq!(g.value(y)?, &[1.5, 4.5]);
+    /// let yq = g.linear(x, wt, None, &GemmPolicy::BF16, 1)?;
+    /// assert_eq!(g.value(yq)?, &[1.0, 5.0]); // small integers are exact in BF16
+    /// let loss = g.sum(y)?;
+    /// g.backward(loss)?;
+    /// drop(g);
+    /// assert_eq!(ps.grad(w)?, &[1.0, 2.0, 3.0, 1.0, 2.0, 3.0]);
+    /// assert_eq!(ps.grad(b)?, &[1.0, 1.0]);
+    /// # Ok::<(), autograd::Error>(())
+    /// ```
+    pub fn linear(
+        &mut self,
+        x: Tensor,
+        w: Tensor,
+        bias: Option<Tensor>,
+        policy: &GemmPolicy,
+        stream: u64,
+    ) -> Result<Tensor> {
+        let (sx, sw) = (self.shape(x)?, self.shape(w)?);
+        if sw.rank() != 2 || sx.rank() == 0 || sx.last() != sw.dims()[1] {
+            return shape_err(
+                "linear",
+                format!(
+                    "input {sx} and weight {sw} (expected [out, in] with in = last axis of input)"
+                ),
+            );
+        }
+        let (n_out, n_in) = (sw.dims()[0], sw.dims()[1]);
+        if let Some(b) = bias {
+            let sb = self.shape(b)?;
+            if sb.dims() != [n_out] {
+                return shape_err("linear", format!("bias {sb} for {n_out} outputs"));
+            }
+        }
+        let (seed, step) = (self.seed, self.step);
+        key(seed, stream, OperandRole::FpropX, step)?; // range check
+        let m = sx.rows();
+        let out_shape = sx.with_last(n_out)?;
+        let inputs: Vec<Tensor> = [Some(x), Some(w), bias].into_iter().flatten().collect();
+        let rg = self.needs_grad(&inputs);
+        let wp = self.param_index(w);
+        let mut y = self.alloc(m * n_out);
+        let grad_on = self.grad_enabled();
+        let (vals, states, _) = self.parts();
+        let mut scratch_state;
+        let state: &mut LinearQuantState = match wp {
+            Some(p) if grad_on => states[p].get_or_insert_with(Default::default),
+            Some(p) => {
+                scratch_state = states[p].as_deref().cloned().unwrap_or_default();
+                &mut scratch_state
+            }
+            None => {
+                scratch_state = LinearQuantState::default();
+                &mut scratch_state
+            }
+        };
+        state.policy = Some(*policy);
+        let (sa, sb) = st2(state, OperandRole::FpropX, OperandRole::FpropW);
+        quantized_matmul_tn(
+            Operand {
+                data: vals.get(x),
+                rows: m,
+                cols: n_in,
+                usage: Usage::Rowwise,
+                quant: &policy.fprop.a,
+                key: key(seed, stream, OperandRole::FpropX, step)?,
+                state: Some(sa),
+            },
+            Operand {
+                data: vals.get(w),
+                rows: n_out,
+                cols: n_in,
+                usage: Usage::Rowwise,
+                quant: &policy.fprop.b,
+                key: key(seed, stream, OperandRole::FpropW, step)?,
+                state: Some(sb),
+            },
+            y.as_mut_slice(),
+        )?;
+        if let Some(b) = bias {
+            let bv = vals.get(b);
+            for_rows(
+                y.as_mut_slice(),
+                n_out,
+                #[inline(always)]
+                |_, row| {
+                    for (y, &b) in row.iter_mut().zip(bv) {
+                        *y += b;
+                    }
+                },
+            );
+        }
+        let policy = *policy;
+        let bw = rg.then(|| {
+            backward_fn(move |ctx, dy| {
+                let mut local = LinearQuantState::default();
+                let (gx, gw) = (ctx.take(x), ctx.take(w));
+                let vals = ctx.vals;
+                let state: &mut LinearQuantState = match wp {
+                    Some(p) => ctx.states[p].get_or_insert_with(Default::default),
+                    None => &mut local,
+                };
+                let (seed, step) = (ctx.seed, ctx.step);
+                let dgrad = |state: &mut LinearQuantState, out: &mut [f32]| -> Result<()> {
+                    let (sa, sb) = st2(state, OperandRole::DgradDy, OperandRole::DgradW);
+                    quantized_matmul_tn(
+                        Operand {
+                            data: dy,
+                            rows: m,
+                            cols: n_out,
+                            usage: Usage::Rowwise,
+                            quant: &policy.dgrad.a,
+                            key: key(seed, stream, OperandRole::DgradDy, step)?,
+                            state: Some(sa),
+                        },
+                        Operand {
+                            data: vals.get(w),
+                            rows: n_out,
+                            cols: n_in,
+                            usage: Usage::Columnwise,
+                            quant: &policy.dgrad.b,
+                            key: key(seed, stream, OperandRole::DgradW, step)?,
+                            state: Some(sb),
+                        },
+                        out,
+                    )?;
+                    Ok(())
+                };
+                let wgrad = |state: &mut LinearQuantState, out: &mut [f32]| -> Result<()> {
+                    let (sa, sb) = st2(state, OperandRole::WgradDy, OperandRole::WgradX);
+                    quantized_matmul_tn(
+                        Operand {
+                            data: dy,
+                            rows: m,
+                            cols: n_out,
+                            usage: Usage::Columnwise,
+                            quant: &policy.wgrad.a,
+                            key: key(seed, stream, OperandRole::WgradDy, step)?,
+                            state: Some(sa),
+                        },
+                        Operand {
+                            data: vals.get(x),
+                            rows: m,
+                            cols: n_in,
+                            usage: Usage::Columnwise,
+                            quant: &policy.wgrad.b,
+                            key: key(seed, stream, OperandRole::WgradX, step)?,
+                            state: Some(sb),
+                        },
+                        out,
+                    )?;
+                    Ok(())
+                };
+                // dX: straight into a fresh gradient buffer, through scratch otherwise
+                let gx = match gx {
+                    Some(mut g) if g.fresh => {
+                        dgrad(state, g.slice())?;
+                        Some(g)
+                    }
+                    Some(mut g) => {
+                        let mut tmp = ctx.pool.take(m * n_in);
+                        dgrad(state, tmp.as_mut_slice())?;
+                        add_assign(g.slice(), tmp.as_slice());
+                        ctx.pool.give(tmp);
+                        Some(g)
+                    }
+                    None => None,
+                };
+                let gw = match gw {
+                    Some(mut g) if g.fresh => {
+                        wgrad(state, g.slice())?;
+                        Some(g)
+                    }
+                    Some(mut g) => {
+                        let mut tmp = ctx.pool.take(n_out * n_in);
+                        wgrad(state, tmp.as_mut_slice())?;
+                        add_assign(g.slice(), tmp.as_slice());
+                        ctx.pool.give(tmp);
+                        Some(g)
+                    }
+                    None => None,
+                };
+                if let Some(g) = gx {
+                    ctx.put(x, g);
+                }
+                if let Some(g) = gw {
+                    ctx.put(w, g);
+                }
+                if let Some(b) = bias {
+                    if let Some(mut g) = ctx.take(b) {
+                        let acc = g.acc();
+                        sum_rows(dy, n_out, g.slice(), acc);
+                        ctx.put(b, g);
+                    }
+                }
+                Ok(())
+            })
+        });
+        Ok(self.push("linear", y, out_shape, bw))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use quant::gemm::{matmul_tn, sgemm, MatRef};
+    use quant::{
+        fake, AmaxAlgo, Fp8Element, Fp8Scaling, GemmPolicy, OperandQuant, QuantFormat, QuantState,
+        RngKey, Usage,
+    };
+
+    use super::*;
+    use crate::ops::test_util::assert_gradcheck;
+    use crate::{init, Error, ParamStore};
+
+    #[test]
+    fn gradcheck_linear_fp32() {
+        let mut ps = ParamStore::new();
+        let x = ps.add("x", &[2, 3, 5], init::normal(30, 1.0, 1)).unwrap();
+        let w = ps.add("w", &[4, 5], init::normal(20, 1.0, 2)).unwrap();
+        let b = ps.add("b", &[4], init::normal(4, 1.0, 3)).unwrap();
+        assert_gradcheck(&mut ps, |g| {
+            let (x, w, b) = (g.param(x)?, g.param(w)?, g.param(b)?);
+            let y = g.linear(x, w, Some(b), &GemmPolicy::FP32, 0)?;
+            // the same weight twice; x's gradient arrives from two layers
+            let u = g.linear(x, w, None, &GemmPolicy::FP32, 1)?;
+            let v = g.mul(u, y)?;
+            g.add(v, y)
+        });
+    }
+
+    /// Runs one linear layer forward and backward (seeded with `r`) and returns
+    /// `(y, dx, dw, db)`.
+    fn run(
+        policy: &GemmPolicy,
+        xs: &[f32],
+        ws: &[f32],
+        r: &[f32],
+        dims: (usize, usize, usize),
+        seed: u64,
+        step: u64,
+    ) -> [Vec<f32>; 4] {
+        let (t, n_in, n_out) = dims;
+        let mut ps = ParamStore::new();
+        let w = ps.add("w", &[n_out, n_in], ws.to_vec()).unwrap();
+        let b = ps.add_zeros("b", &[n_out]).unwrap();
+        let mut g = Graph::new(&mut ps).with_rng(seed, step);
+        let x = g.variable(xs, &[t, n_in]).unwrap();
+        let (wt, bt) = (g.param(w).unwrap(), g.param(b).unwrap());
+        let y = g.linear(x, wt, Some(bt), policy, 11).unwrap();
+        let yv = g.to_vec(y).unwrap();
+        g.backward_with(y, r).unwrap();
+        let dx = g.grad(x).unwrap().unwrap().to_vec();
+        drop(g);
+        [
+            yv,
+            dx,
+            ps.grad(w).unwrap().to_vec(),
+            ps.grad(b).unwrap().to_vec(),
+        ]
+    }
+
+    fn data(t: usize, n_in: usize, n_out: usize) -> (Vec<f32>, Vec<f32>, Vec<f32>) {
+        (
+            init::normal(t * n_in, 1.0, 21),
+            init::normal(n_out * n_in, 0.3, 22),
+            init::normal(t * n_out, 0.01, 23),
+        )
+    }
+
+    #[test]
+    fn fp32_policy_is_the_plain_f32_linear_bit_for_bit() {
+        let (t, n_in, n_out) = (37, 24, 20);
+        let (xs, ws, r) = data(t, n_in, n_out);
+        let [y, dx, dw, db] = run(&GemmPolicy::FP32, &xs, &ws, &r, (t, n_in, n_out), 1, 2);
+        let mut y_ref = vec![0.0; t * n_out];
+        matmul_tn(&xs, &ws, t, n_out, n_in, &mut y_ref);
+        assert_eq!(y, y_ref); // zero bias
+        let mut dx_ref = vec![0.0; t * n_in];
+        sgemm(
+            1.0,
+            MatRef::row_major(&r, t, n_out),
+            MatRef::row_major(&ws, n_out, n_in),
+            0.0,
+            &mut dx_ref,
+        );
+        assert_eq!(dx, dx_ref);
+        let mut dw_ref = vec![0.0; n_out * n_in];
+        sgemm(
+            1.0,
+            MatRef::row_major(&r, t, n_out).t(),
+            MatRef::row_major(&xs, t, n_in),
+            0.0,
+            &mut dw_ref,
+        );
+        assert_eq!(dw, dw_ref);
+        let mut db_ref = vec![0.0f32; n_out];
+        for row in r.chunks(n_out) {
+            db_ref.iter_mut().zip(row).for_each(|(d, v)| *d += v);
+        }
+        assert_eq!(db, db_ref);
+    }
+
+    #[test]
+    fn bf16_policy_rounds_the_gemm_inputs() {
+        let (t, n_in, n_out) = (8, 16, 4);
+        let (xs, ws, r) = data(t, n_in, n_out);
+        let [y, dx, ..] = run(&GemmPolicy::BF16, &xs, &ws, &r, (t, n_in, n_out), 0, 0);
+        let rb = |v: &[f32]| {
+            v.iter()
+                .map(|&x| fp_formats::round_to_bf16(x))
+                .collect::<Vec<_>>()
+        };
+        let mut y_ref = vec![0.0; t * n_out];
+        matmul_tn(&rb(&xs), &rb(&ws), t, n_out, n_in, &mut y_ref);
+        assert_eq!(y, y_ref);
+        let mut dx_ref = vec![0.0; t * n_in];
+        sgemm(
+            1.0,
+            MatRef::row_major(&rb(&r), t, n_out),
+            MatRef::row_major(&rb(&ws), n_out, n_in),
+            0.0,
+            &mut dx_ref,
+        );
+        assert_eq!(dx, dx_ref);
+    }
+
+    /// One quantized GEMM assembled by hand from `quant::fake`: fake-quantize both operands
+    /// (stored layout, no per-tensor factor), multiply in f32, apply `α = f_A · f_B`.
+    #[allow(clippy::too_many_arguments)]
+    fn hand_gemm(
+        a: (&[f32], usize, usize, Usage, &OperandQuant, OperandRole),
+        b: (&[f32], usize, usize, Usage, &OperandQuant, OperandRole),
+        seed: u64,
+        step: u64,
+        layer: u64,
+    ) -> Vec<f32> {
+        let quantize = |(data, rows, cols, usage, q, role): (
+            &[f32],
+            usize,
+            usize,
+            Usage,
+            &OperandQuant,
+            OperandRole,
+        )| {
+            let key = RngKey {
+                seed,
+                stream: gemm_stream(layer, role, step).unwrap(),
+            };
+            let mut buf = vec![0.0f32; rows * cols];
+            let f = fake::fake_quantize_into(
+                data,
+                rows,
+                cols,
+                usage,
+                q,
+                key,
+                &mut QuantState::new(),
+                &mut buf,
+            )
+            .unwrap();
+            let (outer, k) = if usage == Usage::Rowwise {
+                (rows, cols)
+            } else {
+                (cols, rows)
+            };
+            (buf, outer, k, f)
+        };
+        let (qa, m, k, fa) = quantize(a);
+        let (qb, n, _, fb) = quantize(b);
+        let mut out = vec![0.0f32; m * n];
+        sgemm(
+            1.0,
+            MatRef::row_major(&qa, m, k),
+            MatRef::row_major(&qb, n, k).t(),
+            0.0,
+            &mut out,
+        );
+        let alpha = fa * fb;
+        if alpha != 1.0 {
+            out.iter_mut().for_each(|v| *v *= alpha);
+        }
+        out
+    }
+
+    #[test]
+    fn quantized_linear_equals_the_hand_assembled_quant_computation() {
+        let (t, n_in, n_out) = (64, 48, 32);
+        let (xs, ws, r) = data(t, n_in, n_out);
+        let (seed, step) = (7, 3);
+        for policy in [GemmPolicy::nvfp4_paper(), GemmPolicy::fp8_current_hybrid()] {
+            let [y, dx, dw, _] = run(&policy, &xs, &ws, &r, (t, n_in, n_out), seed, step);
+            let (row, col) = (Usage::Rowwise, Usage::Columnwise);
+            let y_ref = hand_gemm(
+                (&xs, t, n_in, row, &policy.fprop.a, OperandRole::FpropX),
+                (&ws, n_out, n_in, row, &policy.fprop.b, OperandRole::FpropW),
+                seed,
+                step,
+                11,
+            );
+            let dx_ref = hand_gemm(
+                (&r, t, n_out, row, &policy.dgrad.a, OperandRole::DgradDy),
+                (&ws, n_out, n_in, col, &policy.dgrad.b, OperandRole::DgradW),
+                seed,
+                step,
+                11,
+            );
+            let dw_ref = hand_gemm(
+                (&r, t, n_out, col, &policy.wgrad.a, OperandRole::WgradDy),
+                (&xs, t, n_in, col, &policy.wgrad.b, OperandRole::WgradX),
+                seed,
+                step,
+                11,
+            );
+            assert_eq!(y, y_ref, "{policy:?} fprop");
+            assert_eq!(dx, dx_ref, "{policy:?} dgrad");
+            assert_eq!(dw, dw_ref, "{policy:?} wgrad");
+            // quantization is real: not the f32 result
+            let [y32, dx32, dw32, _] = run(
+                &GemmPolicy::FP32,
+                &xs,
+                &ws,
+                &r,
+                (t, n_in, n_out),
+                seed,
+                step,
+            );
+            assert_ne!(y, y32);
+            assert_ne!(dx, dx32);
+            assert_ne!(dw, dw32);
+        }
+        // stochastic rounding: the same step replays bit for bit, another step draws new bits
+        let p = GemmPolicy::nvfp4_paper();
+        let a = run(&p, &xs, &ws, &r, (t, n_in, n_out), seed, step);
+        let b = run(&p, &xs, &ws, &r, (t, n_in, n_out), seed, step + 1);
+        assert_eq!(a, run(&p, &xs, &ws, &r, (t, n_in, n_out), seed, step));
+        assert_eq!(a[0], b[0]); // Fprop is RNE
+        assert_ne!(a[1], b[1]); // Dgrad's dY is stochastically rounded
+    }
+
+    #[test]
+    fn delayed_scaling_state_persists_in_the_store() {
+        let delayed = OperandQuant {
+            format: QuantFormat::Fp8 {
+                element: Fp8Element::E4M3,
+                scaling: Fp8Scaling::Delayed {
+                    history_len: 4,
+                    margin: 0,
+                    algo: AmaxAlgo::Max,
+                },
+            },
+            ..OperandQuant::F32
+        };
+        let policy = GemmPolicy::uniform(delayed);
+        let mut ps = ParamStore::new();
+        let w = ps.add("w", &[4, 8], init::normal(32, 1.0, 1)).unwrap();
+        let xs = init::normal(16, 1.0, 2);
+        let step = |ps: &mut ParamStore, grad: bool| {
+            let mut g = Graph::new(ps);
+            g.set_grad_enabled(grad);
+            let x = g.input(&xs, &[2, 8]).unwrap();
+            let wt = g.param(w).unwrap();
+            let y = g.linear(x, wt, None, &policy, 0).unwrap();
+            let l = g.sum(y).unwrap();
+            g.backward(l).unwrap();
+        };
+        step(&mut ps, true);
+        let st = ps.linear_state(w).unwrap().unwrap().clone();
+        let x_amax = xs.iter().fold(0.0f32, |m, v| m.max(v.abs()));
+        assert_eq!(st.operand(OperandRole::FpropX).amax_history()[0], x_amax);
+        assert!(st.operand(OperandRole::WgradDy).amax_history()[0] == 1.0); // dY = ones
+                                                                            // evaluation does not touch the histories
+        step(&mut ps, false);
+        assert_eq!(ps.linear_state(w).unwrap().unwrap(), &st);
+        ps.end_quant_step().unwrap();
+        let s = ps
+            .linear_state(w)
+            .unwrap()
+            .unwrap()
+            .operand(OperandRole::FpropX);
+        assert_eq!(s.scale(), 448.0 / x_amax);
+        assert_eq!(s.amax_history()[0], 0.0);
+        // checkpoint round trip of the state
+        let saved = ps.linear_state(w).unwrap().cloned();
+        ps.set_linear_state(w, None).unwrap();
+        assert!(ps.linear_state(w).unwrap().is_none());
+        ps.set_linear_state(w, saved.clone()).unwrap();
+        assert_eq!(ps.linear_state(w).unwrap().cloned(), saved);
+    }
+
+    #[test]
+    fn linear_rejects_bad_shapes_and_streams() {
+        let mut ps = ParamStore::new();
+        let mut g = Graph::new(&mut ps);
+        let x = g.input(&[0.0; 6], &[2, 3]).unwrap();
+        let w = g.input(&[0.0; 8], &[2, 4]).unwrap();
+        let p = GemmPolicy::FP32;
+        assert!(matches!(
+            g.linear(x, w, None, &p, 0),
+            Err(Error::Shape { .. })
+        ));
+        let w = g.input(&[0.0; 6], &[2, 3]).unwrap();
+        let b = g.input(&[0.0; 3], &[3]).unwrap();
+        assert!(matches!(
+            g.linear(x, w, Some(b), &p, 0),
+            Err(Error::Shape { .. })
+        ));
+        assert!(matches!(
+            g.linear(x, w, None, &p, MAX_LAYER_STREAM + 1),
+            Err(Error::InvalidArgument { .. })
+        ));
+        assert!(g.linear(x, w, None, &p, MAX_LAYER_STREAM).is_ok());
+    }
+}

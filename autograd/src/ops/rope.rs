@@ -1,0 +1,162 @@
+//! Rotary position embedding (RoPE), "rotate half" convention (GPT-NeoX / Llama in Hugging
+//! Face): for a head vector `x = [x₁ | x₂]` (halves of `D/2`) at position `p`,
+//! `y₁ = x₁ cos θ − x₂ sin θ`, `y₂ = x₁ sin θ + x₂ cos θ` with `θᵢ = p · base^(−2i/D)`.
+
+use std::rc::Rc;
+
+use crate::cpu::{for_rows, store};
+use crate::error::{arg_err, shape_err};
+use crate::graph::backward_fn;
+use crate::{Graph, Result, Tensor};
+
+/// `[T, D/2]` cosines followed by `[T, D/2]` sines, computed in f64 and rounded.
+pub(crate) fn rope_table(t: usize, d: usize, base: f32, offset: usize) -> Vec<f32> {
+    let h = d / 2;
+    let mut tab = vec![0.0f32; 2 * t * h];
+    for p in 0..t {
+        for i in 0..h {
+            let inv = (base as f64).powf(-2.0 * i as f64 / d as f64);
+            let th = (p + offset) as f64 * inv;
+            tab[p * h + i] = th.cos() as f32;
+            tab[t * h + p * h + i] = th.sin() as f32;
+        }
+    }
+    tab
+}
+
+impl Graph<'_> {
+    /// Rotary embedding of `x: [..., T, D]` (`D` even) at positions `pos_offset..pos_offset+T`
+    /// with frequency base `base` (10000 in most models).
+    ///
+    /// ```
+    /// use autograd::{Graph, ParamStore};
+    /// let mut ps = ParamStore::new();
+    /// let mut g = Graph::new(&mut ps);
+    /// // T = 2, D = 2: position 0 is unchanged, position 1 rotates by 1 radian
+    /// let x = g.input(&[1.0, 0.0, 1.0, 0.0], &[2, 2])?;
+    /// let y = g.rope(x, 10000.0, 0)?;
+    /// let v = g.value(y)?;
+    /// assert_eq!(&v[..2], &[1.0, 0.0]);
+    /// assert!((v[2] - 1f32.cos()).abs() < 1e-7 && (v[3] - 1f32.sin()).abs() < 1e-7);
+    /// # Ok::<(), autograd::Error>(())
+    /// ```
+    pub fn rope(&mut self, x: Tensor, base: f32, pos_offset: usize) -> Result<Tensor> {
+        let sx = self.shape(x)?;
+        if sx.rank() < 2 || sx.last() % 2 != 0 {
+            return shape_err(
+                "rope",
+                format!("expected [..., T, D] with even D, got {sx}"),
+            );
+        }
+        if !(base > 1.0 && base.is_finite()) {
+            return arg_err("rope", format!("base must be finite and > 1, got {base}"));
+        }
+        let (t, d) = (sx.dims()[sx.rank() - 2], sx.last());
+        let key = (t, d, base.to_bits(), pos_offset);
+        let tab = match self.rope_cache.get(&key) {
+            Some(tab) => tab.clone(),
+            None => {
+                let tab: Rc<[f32]> = rope_table(t, d, base, pos_offset).into();
+                self.rope_cache.insert(key, tab.clone());
+                tab
+            }
+        };
+        let mut out = self.alloc(sx.numel());
+        cpu::rope(
+            self.values().get(x),
+            &tab,
+            t,
+            d,
+            false,
+            false,
+            out.as_mut_slice(),
+        );
+        let bw = self.needs_grad(&[x]).then(|| {
+            backward_fn(move |ctx, dy| {
+                if let Some(mut g) = ctx.take(x) {
+                    cpu::rope(dy, &tab, t, d, true, g.acc(), g.slice());
+                    ctx.put(x, g);
+                }
+                Ok(())
+            })
+        });
+        Ok(self.push("rope", out, sx, bw))
+    }
+}
+
+/// CPU kernels.
+pub(crate) mod cpu {
+    use super::*;
+
+    /// Rotates every `D`-row of `x` by its position's angles (`inverse`: by minus them, which
+    /// is the backward pass); writes or adds to `out`.
+    pub(crate) fn rope(
+        x: &[f32],
+        tab: &[f32],
+        t: usize,
+        d: usize,
+        inverse: bool,
+        acc: bool,
+        out: &mut [f32],
+    ) {
+        let h = d / 2;
+        let sgn = if inverse { -1.0 } else { 1.0 };
+        for_rows(
+            out,
+            d,
+            #[inline(always)]
+            |r, row| {
+                let p = r % t;
+                let (c, s) = (&tab[p * h..(p + 1) * h], &tab[(t + p) * h..(t + p + 1) * h]);
+                let xr = &x[r * d..(r + 1) * d];
+                let (x1, x2) = xr.split_at(h);
+                let (y1, y2) = row.split_at_mut(h);
+                for i in 0..h {
+                    let (cs, sn) = (c[i], sgn * s[i]);
+                    store(acc, &mut y1[i], x1[i] * cs - x2[i] * sn);
+                    store(acc, &mut y2[i], x1[i] * sn + x2[i] * cs);
+                }
+            },
+        );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::ops::test_util::assert_gradcheck;
+    use crate::{init, Error, Graph, ParamStore};
+
+    #[test]
+    fn gradcheck_rope() {
+        let mut ps = ParamStore::new();
+        let x = ps
+            .add("x", &[2, 2, 3, 8], init::normal(96, 1.0, 1))
+            .unwrap();
+        assert_gradcheck(&mut ps, |g| {
+            let x = g.param(x)?;
+            let a = g.rope(x, 10000.0, 0)?;
+            let b = g.rope(x, 100.0, 5)?;
+            g.mul(a, b)
+        });
+    }
+
+    #[test]
+    fn rope_preserves_norm_and_rejects_odd_dims() {
+        let mut ps = ParamStore::new();
+        let mut g = Graph::new(&mut ps);
+        let xs = init::normal(4 * 16, 1.0, 3);
+        let x = g.input(&xs, &[4, 16]).unwrap();
+        let y = g.rope(x, 10000.0, 7).unwrap();
+        let (a, b) = (g.value(x).unwrap(), g.value(y).unwrap());
+        for r in 0..4 {
+            let n = |v: &[f32]| v[r * 16..(r + 1) * 16].iter().map(|x| x * x).sum::<f32>();
+            assert!((n(a) - n(b)).abs() < 1e-4);
+        }
+        let z = g.input(&[0.0; 6], &[2, 3]).unwrap();
+        assert!(matches!(g.rope(z, 10000.0, 0), Err(Error::Shape { .. })));
+        assert!(matches!(
+            g.rope(x, 0.5, 0),
+            Err(Error::InvalidArgument { .. })
+        ));
+    }
+}

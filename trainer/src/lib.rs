@@ -1,0 +1,26 @@
+//! # trainer
+//!
+//! GPT training on Nibble:
+//!
+//! * [`data`]: training data without downloads (an embedded, seeded corpus generator, UTF-8
+//!   text files, llm.c / nanoGPT token shards), train/validation split, resumable batching
+//!   and entropy baselines;
+//! * [`recipe`]: precision recipes as data (built-in and TOML), resolved per layer and per
+//!   point of training into `quant::GemmPolicy`s;
+//! * [`rng`]: small portable generators (SplitMix64, xoshiro256**) for reproducible streams;
+//! * [`model`]: the GPT (RoPE, pre-norm RMSNorm, causal attention, SwiGLU/GELU MLP), every
+//!   linear layer under its recipe policy;
+//! * [`train`]: the training loop, metrics, divergence guard;
+//! * [`checkpoint`]: safetensors + JSON state, atomic writes, exact resume;
+//! * [`report`]: multi-recipe comparison (markdown table, SVG loss curves);
+//! * [`sample`]: text generation from a checkpoint at a chosen precision.
+#![warn(missing_docs)]
+
+pub mod checkpoint;
+pub mod data;
+pub mod model;
+pub mod recipe;
+pub mod report;
+pub mod rng;
+pub mod sample;
+pub mod train;

@@ -1,0 +1,268 @@
+//! The `trainer` command line.
+//!
+//! ```text
+//! trainer recipes                      list the built-in precision recipes
+//! trainer recipes show NAME|FILE       print a recipe as TOML [--plan N_BLOCKS --progress P]
+//! trainer data sample                  print a sample of the default corpus [--seed S --bytes N]
+//! trainer data stats                   token count and entropies [--file F | --shard F]
+//! trainer train                        train a GPT (default: small model, nvfp4, embedded corpus)
+//! trainer compare                      train several recipes on identical data and write a report
+//! trainer sample CHECKPOINT            generate text at a chosen precision
+//! ```
+//!
+//! Each subcommand is a variant of [`Command`] with its own argument struct and a `run_*`
+//! function.
+
+use std::io::Write as _;
+use std::path::PathBuf;
+
+use anyhow::{bail, Context, Result};
+use clap::{Args, Parser, Subcommand, ValueEnum};
+use trainer::data::{
+    self, conditional_entropy_bits, DataSource, ShardFormat, ShardLayout, TokenStats, Tokens,
+    GPT2_VOCAB,
+};
+use trainer::recipe::{Recipe, BUILTIN_NAMES};
+
+mod run_cmds;
+use run_cmds::{run_compare, run_sample, run_train, CompareArgs, SampleArgs, TrainArgs};
+
+/// Low-precision GPT training on Nibble.
+#[derive(Parser, Debug)]
+#[command(name = "trainer", version, about, propagate_version = true)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// List the built-in precision recipes, or show one as TOML.
+    Recipes(RecipesArgs),
+    /// Inspect training data: corpus samples, token statistics.
+    #[command(subcommand)]
+    Data(DataCommand),
+    /// Train a GPT with a precision recipe.
+    Train(TrainArgs),
+    /// Train several recipes on identical data, seed and model; write a report.
+    Compare(CompareArgs),
+    /// Generate text from a checkpoint at a chosen precision.
+    Sample(SampleArgs),
+}
+
+#[derive(Args, Debug)]
+struct RecipesArgs {
+    #[command(subcommand)]
+    command: Option<RecipesCommand>,
+}
+
+#[derive(Subcommand, Debug)]
+enum RecipesCommand {
+    /// List the built-in recipes with one-line descriptions (the default).
+    List,
+    /// Print a recipe (built-in name or TOML file) as TOML.
+    Show {
+        /// A built-in recipe name or the path of a TOML recipe file.
+        name: String,
+        /// Also print the policy of every linear layer of a model with this many blocks
+        /// (as TOML comments).
+        #[arg(long, value_name = "N_BLOCKS")]
+        plan: Option<usize>,
+        /// Training progress (fraction of tokens seen) at which to print the plan.
+        #[arg(long, default_value_t = 0.0, requires = "plan")]
+        progress: f64,
+    },
+}
+
+#[derive(Subcommand, Debug)]
+enum DataCommand {
+    /// Print a sample of the embedded default corpus.
+    Sample {
+        /// Generator seed.
+        #[arg(long, default_value_t = 0)]
+        seed: u64,
+        /// Bytes to print.
+        #[arg(long, default_value_t = 2_000)]
+        bytes: usize,
+    },
+    /// Token count, unigram entropy and short-context conditional entropies of a source
+    /// (the default corpus unless --file or --shard is given).
+    Stats(DataSourceArgs),
+}
+
+/// Shard layouts on the command line.
+#[derive(Clone, Copy, Debug, ValueEnum)]
+enum ShardFormatArg {
+    /// llm.c if the file starts with the llm.c magic, raw uint16 otherwise.
+    Auto,
+    /// llm.c: 1024-byte header, then uint16 tokens.
+    LlmC,
+    /// nanoGPT: raw uint16 tokens.
+    Raw,
+}
+
+impl From<ShardFormatArg> for ShardFormat {
+    fn from(f: ShardFormatArg) -> Self {
+        match f {
+            ShardFormatArg::Auto => ShardFormat::Auto,
+            ShardFormatArg::LlmC => ShardFormat::LlmC,
+            ShardFormatArg::Raw => ShardFormat::Raw,
+        }
+    }
+}
+
+/// Where tokens come from (shared by every subcommand that reads data).
+#[derive(Args, Debug)]
+pub(crate) struct DataSourceArgs {
+    /// A UTF-8 text file (byte-level tokens).
+    #[arg(long, value_name = "FILE", conflicts_with = "shard")]
+    file: Option<PathBuf>,
+    /// A uint16 token shard (llm.c or nanoGPT layout).
+    #[arg(long, value_name = "FILE")]
+    shard: Option<PathBuf>,
+    /// Layout of --shard.
+    #[arg(long, value_enum, default_value_t = ShardFormatArg::Auto, requires = "shard")]
+    shard_format: ShardFormatArg,
+    /// Vocabulary size of --shard (every token must be below it).
+    #[arg(long, default_value_t = GPT2_VOCAB, requires = "shard")]
+    vocab: u32,
+    /// Seed of the default corpus.
+    #[arg(long, default_value_t = 0, conflicts_with_all = ["file", "shard"])]
+    seed: u64,
+    /// Bytes of the default corpus.
+    #[arg(long, default_value_t = 1_000_000, conflicts_with_all = ["file", "shard"])]
+    bytes: usize,
+}
+
+impl DataSourceArgs {
+    pub(crate) fn source(&self) -> DataSource {
+        if let Some(path) = &self.file {
+            DataSource::Text { path: path.clone() }
+        } else if let Some(path) = &self.shard {
+            DataSource::Shard {
+                path: path.clone(),
+                format: self.shard_format.into(),
+                vocab_size: self.vocab,
+            }
+        } else {
+            DataSource::Corpus {
+                seed: self.seed,
+                bytes: self.bytes,
+            }
+        }
+    }
+}
+
+fn main() -> std::process::ExitCode {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Recipes(args) => run_recipes(args),
+        Command::Data(cmd) => run_data(cmd),
+        Command::Train(args) => run_train(args),
+        Command::Compare(args) => run_compare(args),
+        Command::Sample(args) => run_sample(args),
+    };
+    match result {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            // `{:#}` prints the error with its causes on one line, without a backtrace.
+            eprintln!("error: {e:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+fn run_recipes(args: RecipesArgs) -> Result<()> {
+    match args.command.unwrap_or(RecipesCommand::List) {
+        RecipesCommand::List => {
+            let width = BUILTIN_NAMES.iter().map(|n| n.len()).max().unwrap_or(0);
+            for r in Recipe::builtins() {
+                println!("{:<width$}  {}", r.name, r.description);
+            }
+            println!("\n`trainer recipes show NAME` prints one as TOML; a TOML file works wherever a name does.");
+        }
+        RecipesCommand::Show {
+            name,
+            plan,
+            progress,
+        } => {
+            let recipe = Recipe::resolve(&name)?;
+            print!("{}", recipe.to_toml());
+            if let Some(n_blocks) = plan {
+                if n_blocks == 0 {
+                    bail!("--plan needs at least one block");
+                }
+                if !(0.0..=1.0).contains(&progress) {
+                    bail!("--progress {progress} must be in [0, 1]");
+                }
+                println!("\n# Plan for {n_blocks} blocks at progress {progress}:");
+                for line in recipe.plan(n_blocks, progress).lines() {
+                    println!("# {line}");
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+fn run_data(cmd: DataCommand) -> Result<()> {
+    match cmd {
+        DataCommand::Sample { seed, bytes } => {
+            let text = data::generate(seed, bytes);
+            let mut out = std::io::stdout().lock();
+            out.write_all(text.as_bytes())?;
+            out.write_all(b"\n")?;
+        }
+        DataCommand::Stats(args) => {
+            let source = args.source();
+            let (tokens, layout) = match &source {
+                DataSource::Shard {
+                    path,
+                    format,
+                    vocab_size,
+                } => {
+                    let shard = data::open_shard(path, *format, *vocab_size)?;
+                    (shard.tokens, Some(shard.layout))
+                }
+                other => (other.load()?, None),
+            };
+            print_stats(&tokens, layout).context("computing statistics")?;
+        }
+    }
+    Ok(())
+}
+
+/// Tokens used for the conditional entropies (hash tables grow with the data).
+const CONDITIONAL_LIMIT: usize = 4_000_000;
+
+fn print_stats(tokens: &Tokens, layout: Option<ShardLayout>) -> Result<()> {
+    let s = TokenStats::of(tokens);
+    println!("source:          {}", tokens.origin());
+    match layout {
+        Some(ShardLayout::LlmC { version }) => {
+            println!("layout:          llm.c, version {version}")
+        }
+        Some(ShardLayout::Raw) => println!("layout:          raw uint16 (nanoGPT)"),
+        None => println!("layout:          byte-level"),
+    }
+    println!("tokens:          {}", s.n_tokens);
+    println!("vocab size:      {}", s.vocab_size);
+    println!("distinct tokens: {}", s.distinct);
+    println!(
+        "unigram entropy: {:.4} bits/token = {:.4} nats/token",
+        s.unigram_bits,
+        s.unigram_nats()
+    );
+    let n = tokens.len().min(CONDITIONAL_LIMIT);
+    let head = tokens.slice(0..n);
+    let note = if n < tokens.len() {
+        format!(" (first {n} tokens)")
+    } else {
+        String::new()
+    };
+    for k in 1..=3 {
+        let h = conditional_entropy_bits(&head, k);
+        println!("H(next | previous {k}){note}: {h:.4} bits/token (plug-in estimate)");
+    }
+    Ok(())
+}

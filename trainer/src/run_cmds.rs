@@ -1,0 +1,371 @@
+//! `train`, `compare` and `sample`.
+
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use anyhow::{bail, Context, Result};
+use clap::Args;
+use trainer::data::{DataSource, ShardFormat};
+use trainer::recipe::Recipe;
+use trainer::report::{self, RunResult};
+use trainer::sample::{SampleConfig, Sampler};
+use trainer::train::{read_metrics, RunConfig, TrainError, TrainOptions, Trainer};
+
+/// Model, data and run settings shared by `train` and `compare`.
+#[derive(Args, Debug, Clone)]
+pub struct RunArgs {
+    /// Run configuration TOML (`preset = "small"` or a [model] table, optional [train] and
+    /// [data] tables).
+    #[arg(long, value_name = "FILE", conflicts_with = "preset")]
+    config: Option<PathBuf>,
+    /// Model preset: tiny, small (default), base, medium, large.
+    #[arg(long)]
+    preset: Option<String>,
+    /// Optimizer steps (overrides the config).
+    #[arg(long)]
+    steps: Option<u64>,
+    /// Seed of initialisation, batching and stochastic rounding (overrides the config).
+    #[arg(long)]
+    seed: Option<u64>,
+    /// Training data: `corpus` (embedded generator), `corpus:SEED:BYTES`, a UTF-8 text file,
+    /// or a `.bin` uint16 token shard (llm.c or nanoGPT; vocabulary from the model config).
+    #[arg(long, value_name = "SPEC")]
+    data: Option<String>,
+    /// Evaluate and checkpoint every N steps (overrides the config).
+    #[arg(long, value_name = "N")]
+    eval_every: Option<u64>,
+    /// Worker threads (rayon and the f32 GEMM); default: all cores.
+    #[arg(long)]
+    threads: Option<usize>,
+    /// Hide the progress bar.
+    #[arg(long)]
+    quiet: bool,
+}
+
+/// `trainer train`.
+#[derive(Args, Debug)]
+pub struct TrainArgs {
+    /// Precision recipe: a built-in name (`trainer recipes`) or a TOML file.
+    #[arg(long, default_value = "nvfp4")]
+    recipe: String,
+    #[command(flatten)]
+    run: RunArgs,
+    /// Output directory (default: runs/<recipe>-seed<seed>-<unix time>).
+    #[arg(long)]
+    out: Option<PathBuf>,
+    /// Continue from a checkpoint (a checkpoint directory or a run directory); model,
+    /// recipe, data and schedule come from the checkpoint.
+    #[arg(long, value_name = "DIR", conflicts_with_all = ["config", "preset", "data", "recipe"])]
+    resume: Option<PathBuf>,
+}
+
+/// `trainer compare`.
+#[derive(Args, Debug)]
+pub struct CompareArgs {
+    /// Recipes, comma-separated.
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "bf16,fp8-current,mxfp8,nvfp4,nvfp4-no-rht,nvfp4-no-sr"
+    )]
+    recipes: Vec<String>,
+    #[command(flatten)]
+    run: RunArgs,
+    /// Report directory (default: runs/compare-seed<seed>-<unix time>); each run goes into
+    /// a subdirectory named after its recipe.
+    #[arg(long)]
+    out: Option<PathBuf>,
+}
+
+/// `trainer sample`.
+#[derive(Args, Debug)]
+pub struct SampleArgs {
+    /// Checkpoint directory or run directory.
+    checkpoint: PathBuf,
+    /// Precision of weights and activations in the forward pass (a recipe; its Fprop
+    /// policies apply, without its late switch).
+    #[arg(long, default_value = "bf16")]
+    recipe: String,
+    /// Prompt text (bytes).
+    #[arg(long, default_value = "Once, there was")]
+    prompt: String,
+    /// Tokens to generate.
+    #[arg(long, default_value_t = 300)]
+    tokens: usize,
+    /// Softmax temperature (0 = greedy).
+    #[arg(long, default_value_t = 0.8)]
+    temperature: f32,
+    /// Top-k (0 = no limit).
+    #[arg(long, default_value_t = 40)]
+    top_k: usize,
+    /// Sampling seed.
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+    /// Worker threads.
+    #[arg(long)]
+    threads: Option<usize>,
+}
+
+fn set_threads(threads: Option<usize>) -> Result<()> {
+    if let Some(n) = threads {
+        if n == 0 {
+            bail!("--threads must be at least 1");
+        }
+        // matrixmultiply reads this when its first GEMM runs
+        std::env::set_var("MATMUL_NUM_THREADS", n.to_string());
+        rayon::ThreadPoolBuilder::new()
+            .num_threads(n)
+            .build_global()
+            .context("setting up the thread pool")?;
+    }
+    Ok(())
+}
+
+fn parse_data(spec: &str, vocab: usize) -> Result<DataSource> {
+    if spec == "corpus" {
+        return Ok(DataSource::Corpus {
+            seed: 0,
+            bytes: 2_000_000,
+        });
+    }
+    if let Some(rest) = spec.strip_prefix("corpus:") {
+        let parts: Vec<&str> = rest.split(':').collect();
+        if parts.len() != 2 {
+            bail!("--data corpus:SEED:BYTES, got {spec:?}");
+        }
+        return Ok(DataSource::Corpus {
+            seed: parts[0].parse().context("corpus seed")?,
+            bytes: parts[1].parse().context("corpus bytes")?,
+        });
+    }
+    let path = PathBuf::from(spec);
+    if path.extension().is_some_and(|e| e == "bin") {
+        Ok(DataSource::Shard {
+            path,
+            format: ShardFormat::Auto,
+            vocab_size: u32::try_from(vocab).context("vocab")?,
+        })
+    } else {
+        Ok(DataSource::Text { path })
+    }
+}
+
+fn run_config(a: &RunArgs) -> Result<RunConfig> {
+    let mut cfg = match (&a.config, &a.preset) {
+        (Some(p), _) => RunConfig::from_file(p)?,
+        (None, Some(name)) => RunConfig::preset(name)?,
+        (None, None) => RunConfig::preset("small")?,
+    };
+    if let Some(s) = a.steps {
+        cfg.train.steps = s;
+        cfg.train.warmup_steps = cfg.train.warmup_steps.min(s);
+    }
+    if let Some(s) = a.seed {
+        cfg.train.seed = s;
+    }
+    if let Some(e) = a.eval_every {
+        cfg.train.eval_every = e;
+    }
+    if let Some(d) = &a.data {
+        cfg.data = parse_data(d, cfg.model.vocab)?;
+    }
+    cfg.validate()?;
+    Ok(cfg)
+}
+
+fn stamp() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
+}
+
+fn print_divergence(e: &anyhow::Error, out: &Path) {
+    if let Some(TrainError::Diverged { .. }) = e.downcast_ref::<TrainError>() {
+        eprintln!(
+            "diagnosis written to {}",
+            out.join("diagnosis.txt").display()
+        );
+    }
+}
+
+pub fn run_train(args: TrainArgs) -> Result<()> {
+    set_threads(args.run.threads)?;
+    let t0 = Instant::now();
+    let mut tr = if let Some(dir) = &args.resume {
+        let ck = trainer::checkpoint::resolve(dir)?;
+        // default output: the run directory holding checkpoints/step-N
+        let out = args.out.clone().unwrap_or_else(|| {
+            ck.parent()
+                .and_then(Path::parent)
+                .map(Path::to_path_buf)
+                .unwrap_or_else(|| PathBuf::from("."))
+        });
+        let tr = Trainer::resume(
+            &ck,
+            TrainOptions {
+                out,
+                quiet: args.run.quiet,
+                stop_after: None,
+            },
+        )?;
+        if args.run.steps.is_some_and(|s| s != tr.cfg.train.steps) {
+            bail!(
+                "--steps differs from the checkpoint's schedule ({} steps); a resume continues the same run",
+                tr.cfg.train.steps
+            );
+        }
+        println!("resuming {} at step {}", ck.display(), tr.step);
+        tr
+    } else {
+        let cfg = run_config(&args.run)?;
+        let recipe = Recipe::resolve(&args.recipe)?;
+        let out = args.out.clone().unwrap_or_else(|| {
+            PathBuf::from("runs").join(format!(
+                "{}-seed{}-{}",
+                recipe.name,
+                cfg.train.seed,
+                stamp()
+            ))
+        });
+        println!(
+            "training {} parameters ({} blocks, d_model {}, seq {}) with recipe {} for {} steps ({} tokens) -> {}",
+            cfg.model.num_params(),
+            cfg.model.n_layers,
+            cfg.model.d_model,
+            cfg.model.seq,
+            recipe.name,
+            cfg.train.steps,
+            cfg.train.steps * cfg.tokens_per_step(),
+            out.display()
+        );
+        Trainer::new(
+            cfg,
+            recipe,
+            TrainOptions {
+                out,
+                quiet: args.run.quiet,
+                stop_after: None,
+            },
+        )?
+    };
+    let out = tr.opts_out().to_path_buf();
+    let s = match tr.run() {
+        Ok(s) => s,
+        Err(e) => {
+            let e = anyhow::Error::from(e);
+            print_divergence(&e, &out);
+            return Err(e);
+        }
+    };
+    println!(
+        "done in {:.0} s: final validation loss {:.4} (unigram entropy {:.4}), {:.0} tokens/s",
+        t0.elapsed().as_secs_f64(),
+        s.final_val_loss,
+        s.unigram_nats,
+        s.tokens_per_s
+    );
+    println!("metrics:    {}", out.join("metrics.jsonl").display());
+    println!("summary:    {}", out.join("summary.json").display());
+    println!("checkpoint: {}", s.checkpoint.display());
+    Ok(())
+}
+
+pub fn run_compare(args: CompareArgs) -> Result<()> {
+    set_threads(args.run.threads)?;
+    let cfg = run_config(&args.run)?;
+    if args.recipes.is_empty() {
+        bail!("--recipes needs at least one recipe");
+    }
+    let recipes = args
+        .recipes
+        .iter()
+        .map(|r| Recipe::resolve(r.trim()))
+        .collect::<Result<Vec<_>, _>>()?;
+    let out = args.out.clone().unwrap_or_else(|| {
+        PathBuf::from("runs").join(format!("compare-seed{}-{}", cfg.train.seed, stamp()))
+    });
+    println!(
+        "comparing {} recipes on {} parameters, {} steps ({} tokens each) -> {}",
+        recipes.len(),
+        cfg.model.num_params(),
+        cfg.train.steps,
+        cfg.train.steps * cfg.tokens_per_step(),
+        out.display()
+    );
+    let mut results = Vec::new();
+    for recipe in recipes {
+        let dir = out.join(&recipe.name);
+        let mut tr = Trainer::new(
+            cfg.clone(),
+            recipe,
+            TrainOptions {
+                out: dir.clone(),
+                quiet: args.run.quiet,
+                stop_after: None,
+            },
+        )?;
+        let summary = match tr.run() {
+            Ok(s) => s,
+            Err(e) => {
+                let e = anyhow::Error::from(e);
+                print_divergence(&e, &dir);
+                eprintln!("run {} failed: {e:#}; continuing", dir.display());
+                continue;
+            }
+        };
+        println!(
+            "{}: final validation loss {:.4}, {:.0} tokens/s, {:.0} s",
+            summary.recipe, summary.final_val_loss, summary.tokens_per_s, summary.wall_s
+        );
+        let metrics = read_metrics(&dir.join("metrics.jsonl"))?;
+        results.push(RunResult { summary, metrics });
+    }
+    if results.is_empty() {
+        bail!("no run finished");
+    }
+    let header = format!(
+        "# Recipe comparison\n\nModel: {} blocks, d_model {}, {} heads, hidden {}, seq {}, batch {} x {} micro-batches; data: {:?}; seed {}.\n\nRun: `trainer compare{}`\n",
+        cfg.model.n_layers,
+        cfg.model.d_model,
+        cfg.model.n_heads,
+        cfg.model.hidden,
+        cfg.model.seq,
+        cfg.train.batch,
+        cfg.train.grad_accum,
+        cfg.data,
+        cfg.train.seed,
+        std::env::args().skip(2).map(|a| format!(" {a}")).collect::<String>()
+    );
+    report::write_report(&out, &results, &header)?;
+    println!("report: {}", out.join("report.md").display());
+    println!(
+        "plots:  {} {}",
+        out.join("loss.svg").display(),
+        out.join("train-loss.svg").display()
+    );
+    Ok(())
+}
+
+pub fn run_sample(args: SampleArgs) -> Result<()> {
+    set_threads(args.threads)?;
+    let recipe = Recipe::resolve(&args.recipe)?;
+    let mut s = Sampler::load(&args.checkpoint, recipe)?;
+    let prompt: Vec<u32> = args.prompt.bytes().map(u32::from).collect();
+    let out = s.generate(
+        &prompt,
+        &SampleConfig {
+            tokens: args.tokens,
+            temperature: args.temperature,
+            top_k: args.top_k,
+            seed: args.seed,
+        },
+    )?;
+    let bytes: Vec<u8> = prompt
+        .iter()
+        .chain(&out)
+        .map(|&t| u8::try_from(t).unwrap_or(b'?'))
+        .collect();
+    println!("{}", String::from_utf8_lossy(&bytes));
+    Ok(())
+}

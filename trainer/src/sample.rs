@@ -1,0 +1,132 @@
+//! Text generation from a checkpoint at a chosen precision (the "RL sampler" stage): the
+//! forward pass runs with gradients off and every linear layer's Fprop under the chosen
+//! recipe's policy at progress 0 (so a quantized recipe's late switch to BF16 does not
+//! apply). Temperature and top-k sampling from a seeded xoshiro256** stream; the context is
+//! the last `seq` tokens (no KV cache: each token re-runs the forward pass).
+
+use std::path::Path;
+
+use autograd::{Graph, ParamStore};
+use serde::{Deserialize, Serialize};
+
+use crate::checkpoint;
+use crate::model::{Gpt, ModelError, Precision};
+use crate::recipe::Recipe;
+use crate::rng::Xoshiro256StarStar;
+use crate::train::TrainError;
+
+/// Sampling settings.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct SampleConfig {
+    /// Tokens to generate.
+    pub tokens: usize,
+    /// Softmax temperature (0 = greedy).
+    pub temperature: f32,
+    /// Keep only the `top_k` most likely tokens (0 = all).
+    pub top_k: usize,
+    /// Seed of the sampling stream.
+    pub seed: u64,
+}
+
+/// A model loaded for inference.
+pub struct Sampler {
+    ps: ParamStore,
+    model: Gpt,
+    recipe: Recipe,
+}
+
+impl Sampler {
+    /// Loads a checkpoint (directory or run directory) and sets the precision recipe.
+    pub fn load(path: &Path, recipe: Recipe) -> Result<Sampler, TrainError> {
+        let ck = checkpoint::load(path)?;
+        let mut ps = ParamStore::new();
+        let model = Gpt::new(&mut ps, ck.state.model.clone(), 0)?;
+        ck.apply(&mut ps)?;
+        Ok(Sampler { ps, model, recipe })
+    }
+
+    /// Next-token logits after `context` (its last `seq` tokens).
+    pub fn next_logits(&mut self, context: &[u32]) -> Result<Vec<f32>, TrainError> {
+        let seq = self.model.cfg.seq;
+        let ctx = &context[context.len().saturating_sub(seq)..];
+        if ctx.is_empty() {
+            return Err(TrainError::Config(
+                "sampling needs a non-empty prompt".into(),
+            ));
+        }
+        let vocab = self.model.cfg.vocab;
+        if let Some(&bad) = ctx.iter().find(|&&t| t as usize >= vocab) {
+            return Err(TrainError::Model(ModelError::Invalid(format!(
+                "prompt token {bad} is outside the vocabulary ({vocab})"
+            ))));
+        }
+        let mut g = Graph::new(&mut self.ps).with_rng(0, 0);
+        g.set_grad_enabled(false);
+        let prec = Precision {
+            recipe: &self.recipe,
+            progress: 0.0,
+        };
+        let logits = self.model.forward_logits(&mut g, ctx, 1, &prec, None)?;
+        let v = g.value(logits)?;
+        Ok(v[(ctx.len() - 1) * vocab..ctx.len() * vocab].to_vec())
+    }
+
+    /// Generates `cfg.tokens` tokens after `prompt`; returns only the new tokens.
+    pub fn generate(&mut self, prompt: &[u32], cfg: &SampleConfig) -> Result<Vec<u32>, TrainError> {
+        if !(cfg.temperature.is_finite() && cfg.temperature >= 0.0) {
+            return Err(TrainError::Config(format!(
+                "temperature {} must be >= 0",
+                cfg.temperature
+            )));
+        }
+        let mut rng = Xoshiro256StarStar::seed_from_u64(cfg.seed);
+        let mut ctx = prompt.to_vec();
+        let mut out = Vec::with_capacity(cfg.tokens);
+        for _ in 0..cfg.tokens {
+            let logits = self.next_logits(&ctx)?;
+            let t = pick(&logits, cfg.temperature, cfg.top_k, &mut rng);
+            ctx.push(t);
+            out.push(t);
+        }
+        Ok(out)
+    }
+}
+
+/// Samples one id from `logits` with temperature and top-k (greedy at temperature 0).
+pub fn pick(logits: &[f32], temperature: f32, top_k: usize, rng: &mut Xoshiro256StarStar) -> u32 {
+    let mut idx: Vec<usize> = (0..logits.len()).collect();
+    // NaN-safe descending order, ties by index (deterministic)
+    idx.sort_by(|&a, &b| {
+        logits[b]
+            .partial_cmp(&logits[a])
+            .unwrap_or(std::cmp::Ordering::Equal)
+            .then(a.cmp(&b))
+    });
+    if temperature == 0.0 || idx.len() == 1 {
+        return idx[0] as u32;
+    }
+    let k = if top_k == 0 {
+        idx.len()
+    } else {
+        top_k.min(idx.len())
+    };
+    let top = &idx[..k];
+    let m = logits[top[0]];
+    let w: Vec<f64> = top
+        .iter()
+        .map(|&i| (((logits[i] - m) / temperature) as f64).exp())
+        .map(|x| if x.is_finite() { x } else { 0.0 })
+        .collect();
+    let total: f64 = w.iter().sum();
+    if total.is_nan() || total <= 0.0 {
+        return top[0] as u32;
+    }
+    let mut u = rng.next_f64() * total;
+    for (&i, &wi) in top.iter().zip(&w) {
+        if u < wi {
+            return i as u32;
+        }
+        u -= wi;
+    }
+    top[k - 1] as u32
+}

@@ -1,0 +1,150 @@
+//! Tests of the `trainer` binary.
+
+use std::process::{Command, Output};
+
+use trainer::recipe::{Recipe, BUILTIN_NAMES};
+
+fn trainer(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_trainer"))
+        .args(args)
+        .output()
+        .expect("run trainer")
+}
+
+fn stdout(o: &Output) -> String {
+    String::from_utf8(o.stdout.clone()).unwrap()
+}
+
+fn stderr(o: &Output) -> String {
+    String::from_utf8(o.stderr.clone()).unwrap()
+}
+
+#[test]
+fn recipes_lists_every_builtin_with_a_description() {
+    for args in [&["recipes"][..], &["recipes", "list"]] {
+        let o = trainer(args);
+        assert!(o.status.success(), "{}", stderr(&o));
+        let out = stdout(&o);
+        for name in BUILTIN_NAMES {
+            let line = out
+                .lines()
+                .find(|l| l.split_whitespace().next() == Some(name))
+                .expect(name);
+            assert!(line.len() > name.len() + 10, "{line}");
+        }
+    }
+}
+
+#[test]
+fn recipes_show_prints_parsable_toml() {
+    for name in BUILTIN_NAMES {
+        let o = trainer(&["recipes", "show", name]);
+        assert!(o.status.success(), "{}", stderr(&o));
+        let r = Recipe::from_toml_str(&stdout(&o)).unwrap();
+        assert_eq!(r, Recipe::builtin(name).unwrap());
+    }
+    // With a plan: still TOML (the plan is comments).
+    let o = trainer(&[
+        "recipes",
+        "show",
+        "nvfp4",
+        "--plan",
+        "4",
+        "--progress",
+        "0.5",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let out = stdout(&o);
+    assert!(out.contains("# block   1 mlp-up"), "{out}");
+    assert_eq!(Recipe::from_toml_str(&out).unwrap().name, "nvfp4");
+}
+
+#[test]
+fn recipes_show_reads_files_and_reports_errors() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("r.toml");
+    std::fs::write(&path, "base = \"mxfp8\"\nname = \"mine\"\n").unwrap();
+    let o = trainer(&["recipes", "show", path.to_str().unwrap()]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(stdout(&o).starts_with("name = \"mine\""));
+
+    let o = trainer(&["recipes", "show", "nvfp5"]);
+    assert!(!o.status.success());
+    let err = stderr(&o);
+    assert!(
+        err.contains("unknown recipe 'nvfp5'; valid: fp32, bf16"),
+        "{err}"
+    );
+    assert!(!err.contains("backtrace"), "{err}");
+}
+
+#[test]
+fn data_sample_is_the_corpus() {
+    let o = trainer(&["data", "sample", "--seed", "4", "--bytes", "500"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert_eq!(stdout(&o), format!("{}\n", trainer::data::generate(4, 500)));
+}
+
+#[test]
+fn data_stats_on_corpus_text_and_shards() {
+    let o = trainer(&["data", "stats", "--bytes", "100000"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let out = stdout(&o);
+    assert!(
+        out.contains("tokens:          100000") && out.contains("unigram entropy: 4."),
+        "{out}"
+    );
+    assert!(out.contains("H(next | previous 3)"), "{out}");
+
+    let dir = tempfile::tempdir().unwrap();
+    let text = dir.path().join("t.txt");
+    std::fs::write(&text, "abab").unwrap();
+    let o = trainer(&["data", "stats", "--file", text.to_str().unwrap()]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let out = stdout(&o);
+    assert!(
+        out.contains("tokens:          4") && out.contains("1.0000 bits/token"),
+        "{out}"
+    );
+
+    let shard = dir.path().join("s.bin");
+    trainer::data::write_llmc_shard(&shard, &[1, 2, 3, 50000]).unwrap();
+    let o = trainer(&["data", "stats", "--shard", shard.to_str().unwrap()]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let out = stdout(&o);
+    assert!(
+        out.contains("llm.c, version 1") && out.contains("vocab size:      50257"),
+        "{out}"
+    );
+    assert!(out.contains("2.0000 bits/token"), "{out}");
+
+    // A token outside a smaller vocabulary.
+    let o = trainer(&[
+        "data",
+        "stats",
+        "--shard",
+        shard.to_str().unwrap(),
+        "--vocab",
+        "256",
+    ]);
+    assert!(!o.status.success());
+    assert!(
+        stderr(&o).contains("token 50000 at index 3"),
+        "{}",
+        stderr(&o)
+    );
+
+    // Invalid UTF-8.
+    std::fs::write(&text, b"ok\xC3(").unwrap();
+    let o = trainer(&["data", "stats", "--file", text.to_str().unwrap()]);
+    assert!(!o.status.success());
+    assert!(
+        stderr(&o).contains("not valid UTF-8 at byte 2"),
+        "{}",
+        stderr(&o)
+    );
+
+    // --file and --shard exclude each other.
+    let o = trainer(&["data", "stats", "--file", "a", "--shard", "b"]);
+    assert!(!o.status.success());
+}
