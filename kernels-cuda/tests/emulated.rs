@@ -18,13 +18,17 @@ use std::path::PathBuf;
 use std::process::Command;
 use std::sync::OnceLock;
 
-use common::{assert_same, data, KEY};
+use common::{
+    assert_same, data, for_each_case, fp8_current_cases, fp8_delayed, mx_cases, mx_prescaled,
+    nvfp4_cases, nvfp4_cast_transpose_cases, nvfp4_rht_cases, sweep, CT_COL_KEY, CT_ROW_KEY, KEY,
+    USAGES,
+};
 use fp_formats::mx::{MxElement, ScaleRule};
 use kernels_cuda::abi::{self, AmaxPass, Args, Dims, Fp8Args, MxArgs, Nvfp4Args, OutPtrs, Plan};
 use kernels_cuda::KernelError;
 use quant::{
-    AmaxAlgo, BlockShape, Fp8Element, Fp8Scaling, OperandQuant, QuantFormat, QuantState,
-    QuantizedTensor, Rht, RngKey, RoundingMode, Usage,
+    AmaxAlgo, Fp8Element, OperandQuant, QuantFormat, QuantState, QuantizedTensor, Rht, RngKey,
+    RoundingMode, Usage,
 };
 
 type AmaxFn = unsafe extern "C" fn(u32, *const f32, u64, *mut u32);
@@ -398,28 +402,13 @@ fn emulated_nvfp4_matches_quant() {
     let Some(e) = emu("emulated_nvfp4_matches_quant") else {
         return;
     };
-    for (si, &(rows, cols)) in SHAPES.iter().enumerate() {
-        let x = data(rows, cols, 1000 + si as u64);
-        for block in [BlockShape::Row16, BlockShape::Tile16] {
-            for rounding in [RoundingMode::NearestEven, RoundingMode::Stochastic] {
-                let q = OperandQuant::nvfp4()
-                    .with_block(block)
-                    .with_rounding(rounding);
-                for usage in [Usage::Rowwise, Usage::Columnwise] {
-                    check(
-                        e,
-                        &x,
-                        rows,
-                        cols,
-                        usage,
-                        &q,
-                        KEY,
-                        &format!("nvfp4 {block:?} {rounding:?} {usage:?} {rows}x{cols}"),
-                    );
-                }
-            }
-        }
-    }
+    sweep(
+        SHAPES,
+        1000,
+        &nvfp4_cases(),
+        &USAGES,
+        |x, rows, cols, usage, q, what| check(e, x, rows, cols, usage, q, KEY, what),
+    );
 }
 
 #[test]
@@ -427,29 +416,13 @@ fn emulated_nvfp4_rht_matches_quant() {
     let Some(e) = emu("emulated_nvfp4_rht_matches_quant") else {
         return;
     };
-    for (si, &(rows, cols)) in RHT_SHAPES.iter().enumerate() {
-        let x = data(rows, cols, 2000 + si as u64);
-        for rht in [Rht::FixedSigns, Rht::RandomSigns] {
-            for rounding in [RoundingMode::NearestEven, RoundingMode::Stochastic] {
-                for block in [BlockShape::Row16, BlockShape::Tile16] {
-                    let q = OperandQuant::nvfp4()
-                        .with_rht(rht)
-                        .with_rounding(rounding)
-                        .with_block(block);
-                    check(
-                        e,
-                        &x,
-                        rows,
-                        cols,
-                        Usage::Columnwise,
-                        &q,
-                        KEY,
-                        &format!("nvfp4 RHT {rht:?} {rounding:?} {block:?} {rows}x{cols}"),
-                    );
-                }
-            }
-        }
-    }
+    sweep(
+        RHT_SHAPES,
+        2000,
+        &nvfp4_rht_cases(),
+        &[Usage::Columnwise],
+        |x, rows, cols, usage, q, what| check(e, x, rows, cols, usage, q, KEY, what),
+    );
 }
 
 #[test]
@@ -457,22 +430,8 @@ fn emulated_nvfp4_cast_transpose_matches_two_quantizations() {
     let Some(e) = emu("emulated_nvfp4_cast_transpose_matches_two_quantizations") else {
         return;
     };
-    let paper = quant::GemmPolicy::nvfp4_paper();
-    let cases = [
-        (paper.dgrad.a, paper.wgrad.a),
-        (paper.fprop.b, paper.dgrad.b),
-        (paper.fprop.a, paper.wgrad.b),
-    ];
-    let (kr, kc) = (
-        RngKey {
-            seed: 11,
-            stream: 1,
-        },
-        RngKey {
-            seed: 12,
-            stream: 2,
-        },
-    );
+    let cases = nvfp4_cast_transpose_cases();
+    let (kr, kc) = (CT_ROW_KEY, CT_COL_KEY);
     for &(rows, cols) in &[(256usize, 192usize), (96, 80), (272, 130)] {
         let x = data(rows, cols, (rows * cols) as u64);
         for (ci, (qr, qc)) in cases.iter().enumerate() {
@@ -531,59 +490,22 @@ fn emulated_mx_matches_quant() {
     };
     for (si, &(rows, cols)) in SHAPES.iter().enumerate() {
         let x = data(rows, cols, 3000 + si as u64);
-        for element in [MxElement::E4M3, MxElement::E5M2, MxElement::E2M1] {
-            // Every rule on the first two shapes; RCEIL and FLOOR (the two in use) on all.
-            let rules: &[ScaleRule] = if si < 2 {
-                &[
-                    ScaleRule::Rceil,
-                    ScaleRule::Floor,
-                    ScaleRule::Ceil,
-                    ScaleRule::Even,
-                ]
-            } else {
-                &[ScaleRule::Rceil, ScaleRule::Floor]
-            };
-            for &rule in rules {
-                for rounding in [RoundingMode::NearestEven, RoundingMode::Stochastic] {
-                    let q = OperandQuant::mx(element, rule).with_rounding(rounding);
-                    for usage in [Usage::Rowwise, Usage::Columnwise] {
-                        check(
-                            e,
-                            &x,
-                            rows,
-                            cols,
-                            usage,
-                            &q,
-                            KEY,
-                            &format!(
-                                "mx {element:?} {rule:?} {rounding:?} {usage:?} {rows}x{cols}"
-                            ),
-                        );
-                    }
-                }
-            }
-        }
-        let tseng = OperandQuant {
-            format: QuantFormat::Mx {
-                element: MxElement::E2M1,
-                rule: ScaleRule::Floor,
-                sr_prescale: true,
-            },
-            ..OperandQuant::mx(MxElement::E2M1, ScaleRule::Floor)
-                .with_rounding(RoundingMode::Stochastic)
+        // Every rule on the first two shapes; RCEIL and FLOOR (the two in use) on all.
+        let rules: &[ScaleRule] = if si < 2 {
+            &[
+                ScaleRule::Rceil,
+                ScaleRule::Floor,
+                ScaleRule::Ceil,
+                ScaleRule::Even,
+            ]
+        } else {
+            &[ScaleRule::Rceil, ScaleRule::Floor]
         };
-        for usage in [Usage::Rowwise, Usage::Columnwise] {
-            check(
-                e,
-                &x,
-                rows,
-                cols,
-                usage,
-                &tseng,
-                KEY,
-                &format!("mx prescale {usage:?} {rows}x{cols}"),
-            );
-        }
+        let mut cases = mx_cases(&[MxElement::E4M3, MxElement::E5M2, MxElement::E2M1], rules);
+        cases.push(("mx prescale".into(), mx_prescaled()));
+        for_each_case(&cases, &USAGES, rows, cols, |usage, q, what| {
+            check(e, &x, rows, cols, usage, q, KEY, what)
+        });
     }
     for (si, &(rows, cols)) in RHT_SHAPES.iter().enumerate() {
         let x = data(rows, cols, 4000 + si as u64);
@@ -635,26 +557,13 @@ fn emulated_fp8_matches_quant() {
     let Some(e) = emu("emulated_fp8_matches_quant") else {
         return;
     };
-    for (si, &(rows, cols)) in SHAPES.iter().enumerate() {
-        let x = data(rows, cols, 5000 + si as u64);
-        for element in [Fp8Element::E4M3, Fp8Element::E5M2] {
-            for power_of_two in [false, true] {
-                for rounding in [RoundingMode::NearestEven, RoundingMode::Stochastic] {
-                    let q = OperandQuant {
-                        format: QuantFormat::Fp8 {
-                            element,
-                            scaling: Fp8Scaling::Current { power_of_two },
-                        },
-                        ..OperandQuant::F32
-                    }
-                    .with_rounding(rounding);
-                    for usage in [Usage::Rowwise, Usage::Columnwise] {
-                        check(e, &x, rows, cols, usage, &q, KEY, &format!("fp8 {element:?} pow2={power_of_two} {rounding:?} {usage:?} {rows}x{cols}"));
-                    }
-                }
-            }
-        }
-    }
+    sweep(
+        SHAPES,
+        5000,
+        &fp8_current_cases(),
+        &USAGES,
+        |x, rows, cols, usage, q, what| check(e, x, rows, cols, usage, q, KEY, what),
+    );
 }
 
 #[test]
@@ -662,17 +571,7 @@ fn emulated_fp8_delayed_scaling_tracks_quant_state() {
     let Some(e) = emu("emulated_fp8_delayed_scaling_tracks_quant_state") else {
         return;
     };
-    let q = OperandQuant {
-        format: QuantFormat::Fp8 {
-            element: Fp8Element::E5M2,
-            scaling: Fp8Scaling::Delayed {
-                history_len: 3,
-                margin: 1,
-                algo: AmaxAlgo::MostRecent,
-            },
-        },
-        ..OperandQuant::F32
-    };
+    let q = fp8_delayed(Fp8Element::E5M2, 3, 1, AmaxAlgo::MostRecent);
     let (rows, cols) = (64, 80);
     let (mut se, mut sc) = (QuantState::new(), QuantState::new());
     for step in 0..5u64 {

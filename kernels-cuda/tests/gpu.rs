@@ -11,14 +11,15 @@ mod common;
 use std::io::Write as _;
 use std::sync::OnceLock;
 
-use common::{assert_same, data, KEY};
+use common::{
+    assert_same, data, for_each_case, fp8_current_cases, fp8_delayed, mx_cases, mx_prescaled,
+    nvfp4_cases, nvfp4_cast_transpose_cases, nvfp4_rht_cases, sweep, CT_COL_KEY, CT_ROW_KEY, KEY,
+    USAGES,
+};
 use fp_formats::mx::{MxElement, ScaleRule};
 use kernels_cuda::{DeviceMatrix, Gpu, GpuContext, KernelError};
 use quant::qgemm::{quantized_matmul_tn, Operand};
-use quant::{
-    AmaxAlgo, BlockShape, Fp8Element, Fp8Scaling, OperandQuant, QuantFormat, QuantState, Rht,
-    RngKey, RoundingMode, Usage,
-};
+use quant::{AmaxAlgo, Fp8Element, OperandQuant, QuantState, Rht, RngKey, RoundingMode, Usage};
 
 enum State {
     Ready(Box<GpuContext>),
@@ -121,42 +122,18 @@ fn check_one(
 // NVFP4
 // ------------------------------------------------------------------------------------------
 
-fn nvfp4_variants() -> Vec<(String, OperandQuant)> {
-    let base = OperandQuant::nvfp4();
-    let mut v = Vec::new();
-    for block in [BlockShape::Row16, BlockShape::Tile16] {
-        for rounding in [RoundingMode::NearestEven, RoundingMode::Stochastic] {
-            v.push((
-                format!("{block:?}/{rounding:?}"),
-                base.with_block(block).with_rounding(rounding),
-            ));
-        }
-    }
-    v
-}
-
 #[test]
 fn nvfp4_rowwise_and_columnwise_match_quant() {
     let Some(g) = gpu("nvfp4_rowwise_and_columnwise_match_quant") else {
         return;
     };
-    for (si, &(rows, cols)) in SHAPES.iter().enumerate() {
-        let x = data(rows, cols, 100 + si as u64);
-        for (name, q) in nvfp4_variants() {
-            for usage in [Usage::Rowwise, Usage::Columnwise] {
-                check_one(
-                    g,
-                    &x,
-                    rows,
-                    cols,
-                    usage,
-                    &q,
-                    KEY,
-                    &format!("nvfp4 {name} {usage:?} {rows}x{cols}"),
-                );
-            }
-        }
-    }
+    sweep(
+        SHAPES,
+        100,
+        &nvfp4_cases(),
+        &USAGES,
+        |x, rows, cols, usage, q, what| check_one(g, x, rows, cols, usage, q, KEY, what),
+    );
 }
 
 #[test]
@@ -166,26 +143,13 @@ fn nvfp4_columnwise_rht_matches_quant() {
     };
     for (si, &(rows, cols)) in RHT_SHAPES.iter().enumerate() {
         let x = data(rows, cols, 200 + si as u64);
-        for rht in [Rht::FixedSigns, Rht::RandomSigns] {
-            for rounding in [RoundingMode::NearestEven, RoundingMode::Stochastic] {
-                for block in [BlockShape::Row16, BlockShape::Tile16] {
-                    let q = OperandQuant::nvfp4()
-                        .with_rht(rht)
-                        .with_rounding(rounding)
-                        .with_block(block);
-                    check_one(
-                        g,
-                        &x,
-                        rows,
-                        cols,
-                        Usage::Columnwise,
-                        &q,
-                        KEY,
-                        &format!("nvfp4 RHT {rht:?} {rounding:?} {block:?} {rows}x{cols}"),
-                    );
-                }
-            }
-        }
+        for_each_case(
+            &nvfp4_rht_cases(),
+            &[Usage::Columnwise],
+            rows,
+            cols,
+            |usage, q, what| check_one(g, &x, rows, cols, usage, q, KEY, what),
+        );
         let key2 = RngKey {
             seed: 7,
             stream: u64::MAX - 3,
@@ -211,22 +175,8 @@ fn nvfp4_cast_transpose_equals_two_quantizations() {
     let Some(g) = gpu("nvfp4_cast_transpose_equals_two_quantizations") else {
         return;
     };
-    let paper = quant::GemmPolicy::nvfp4_paper();
-    // (rowwise setting, columnwise setting): gradients (1x16 SR / 1x16 SR + RHT), weights
-    // (16x16 both), activations (1x16 RNE / 1x16 RNE + RHT).
-    let cases = [
-        (paper.dgrad.a, paper.wgrad.a),
-        (paper.fprop.b, paper.dgrad.b),
-        (paper.fprop.a, paper.wgrad.b),
-    ];
-    let row_key = RngKey {
-        seed: 11,
-        stream: 1,
-    };
-    let col_key = RngKey {
-        seed: 12,
-        stream: 2,
-    };
+    let cases = nvfp4_cast_transpose_cases();
+    let (row_key, col_key) = (CT_ROW_KEY, CT_COL_KEY);
     for &(rows, cols) in &[(4096usize, 4096usize), (96, 80), (272, 130)] {
         let x = data(rows, cols, rows as u64 ^ cols as u64);
         let dx = upload(g, &x, rows, cols);
@@ -340,56 +290,11 @@ fn mx_matches_quant() {
     ];
     for (si, &(rows, cols)) in SHAPES.iter().enumerate() {
         let x = data(rows, cols, 300 + si as u64);
-        for element in elements {
-            for rule in rules {
-                let q = OperandQuant::mx(element, rule);
-                for usage in [Usage::Rowwise, Usage::Columnwise] {
-                    check_one(
-                        g,
-                        &x,
-                        rows,
-                        cols,
-                        usage,
-                        &q,
-                        KEY,
-                        &format!("mx {element:?} {rule:?} {usage:?} {rows}x{cols}"),
-                    );
-                    let sr = q.with_rounding(RoundingMode::Stochastic);
-                    check_one(
-                        g,
-                        &x,
-                        rows,
-                        cols,
-                        usage,
-                        &sr,
-                        KEY,
-                        &format!("mx SR {element:?} {rule:?} {usage:?} {rows}x{cols}"),
-                    );
-                }
-            }
-        }
-        // Tseng et al.'s prescaled stochastic MXFP4.
-        let tseng = OperandQuant {
-            format: QuantFormat::Mx {
-                element: MxElement::E2M1,
-                rule: ScaleRule::Floor,
-                sr_prescale: true,
-            },
-            ..OperandQuant::mx(MxElement::E2M1, ScaleRule::Floor)
-                .with_rounding(RoundingMode::Stochastic)
-        };
-        for usage in [Usage::Rowwise, Usage::Columnwise] {
-            check_one(
-                g,
-                &x,
-                rows,
-                cols,
-                usage,
-                &tseng,
-                KEY,
-                &format!("mx prescale {usage:?} {rows}x{cols}"),
-            );
-        }
+        let mut cases = mx_cases(&elements, &rules);
+        cases.push(("mx prescale".into(), mx_prescaled()));
+        for_each_case(&cases, &USAGES, rows, cols, |usage, q, what| {
+            check_one(g, &x, rows, cols, usage, q, KEY, what)
+        });
     }
     for (si, &(rows, cols)) in RHT_SHAPES.iter().enumerate() {
         let x = data(rows, cols, 400 + si as u64);
@@ -444,26 +349,13 @@ fn fp8_current_scaling_matches_quant() {
     let Some(g) = gpu("fp8_current_scaling_matches_quant") else {
         return;
     };
-    for (si, &(rows, cols)) in SHAPES.iter().enumerate() {
-        let x = data(rows, cols, 500 + si as u64);
-        for element in [Fp8Element::E4M3, Fp8Element::E5M2] {
-            for power_of_two in [false, true] {
-                let q = OperandQuant {
-                    format: QuantFormat::Fp8 {
-                        element,
-                        scaling: Fp8Scaling::Current { power_of_two },
-                    },
-                    ..OperandQuant::F32
-                };
-                for usage in [Usage::Rowwise, Usage::Columnwise] {
-                    for rounding in [RoundingMode::NearestEven, RoundingMode::Stochastic] {
-                        let q = q.with_rounding(rounding);
-                        check_one(g, &x, rows, cols, usage, &q, KEY, &format!("fp8 {element:?} pow2={power_of_two} {rounding:?} {usage:?} {rows}x{cols}"));
-                    }
-                }
-            }
-        }
-    }
+    sweep(
+        SHAPES,
+        500,
+        &fp8_current_cases(),
+        &USAGES,
+        |x, rows, cols, usage, q, what| check_one(g, x, rows, cols, usage, q, KEY, what),
+    );
 }
 
 #[test]
@@ -471,17 +363,7 @@ fn fp8_delayed_scaling_tracks_quant_state() {
     let Some(g) = gpu("fp8_delayed_scaling_tracks_quant_state") else {
         return;
     };
-    let q = OperandQuant {
-        format: QuantFormat::Fp8 {
-            element: Fp8Element::E4M3,
-            scaling: Fp8Scaling::Delayed {
-                history_len: 4,
-                margin: 0,
-                algo: AmaxAlgo::Max,
-            },
-        },
-        ..OperandQuant::F32
-    };
+    let q = fp8_delayed(Fp8Element::E4M3, 4, 0, AmaxAlgo::Max);
     let (rows, cols) = (1024, 768);
     let mut sg = QuantState::new();
     let mut sc = QuantState::new();

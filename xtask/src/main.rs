@@ -4,7 +4,9 @@
 //! and is registered in [`TASKS`]; adding a task means adding a module and one line there.
 
 mod golden;
+mod outputs;
 mod ptx;
+mod venv;
 
 use anyhow::{bail, Result};
 use std::path::{Path, PathBuf};

@@ -20,6 +20,8 @@
 //! byte with the committed files; any difference, and any ptxas error, fails. The output is
 //! deterministic: nvcc writes no paths or dates into PTX without `-lineinfo`.
 
+use crate::outputs;
+use crate::venv;
 use anyhow::{bail, ensure, Context, Result};
 use sha2::{Digest, Sha256};
 use std::collections::BTreeSet;
@@ -57,40 +59,9 @@ pub const TARGETS: &[(&str, &str, &str)] = &[
 
 const PTXAS_FLAGS: &[&str] = &["-O3", "-v"];
 
-struct Options {
-    check: bool,
-    venv: PathBuf,
-    python: String,
-}
-
-fn parse(args: &[String], root: &Path) -> Result<Option<Options>> {
-    let mut opts = Options {
-        check: false,
-        venv: root.join("target/cuda-venv"),
-        python: "python3".into(),
-    };
-    let mut it = args.iter();
-    while let Some(arg) = it.next() {
-        match arg.as_str() {
-            "--check" => opts.check = true,
-            "--venv" => opts.venv = it.next().context("--venv needs a directory")?.into(),
-            "--python" => opts.python = it.next().context("--python needs a program")?.clone(),
-            "-h" | "--help" => {
-                println!("{USAGE}");
-                return Ok(None);
-            }
-            other => bail!("unknown argument `{other}`\n{USAGE}"),
-        }
-    }
-    if opts.venv.is_relative() {
-        opts.venv = root.join(&opts.venv);
-    }
-    Ok(Some(opts))
-}
-
 pub fn run(args: &[String]) -> Result<()> {
     let root = crate::workspace_root();
-    let Some(opts) = parse(args, &root)? else {
+    let Some(opts) = venv::parse(args, &root, "target/cuda-venv", USAGE)? else {
         return Ok(());
     };
     let crate_dir = root.join("kernels-cuda");
@@ -102,20 +73,15 @@ pub fn run(args: &[String]) -> Result<()> {
         started.elapsed().as_secs_f64()
     );
 
-    let tmp = std::env::temp_dir().join(format!("nibble-ptx-{}", std::process::id()));
-    if tmp.exists() {
-        fs::remove_dir_all(&tmp)?;
-    }
-    fs::create_dir_all(&tmp)?;
-    let result = generate(&bin, &crate_dir, &requirements, &tmp).and_then(|()| {
+    let result = outputs::in_temp_dir("ptx", |tmp| {
+        generate(&bin, &crate_dir, &requirements, tmp)?;
         let committed = crate_dir.join("ptx");
         if opts.check {
-            check(&tmp, &committed)
+            check(tmp, &committed)
         } else {
-            install(&tmp, &committed)
+            outputs::install(generated_names, tmp, &committed)
         }
     });
-    fs::remove_dir_all(&tmp).ok();
     eprintln!(
         "cargo xtask ptx took {:.1} s",
         started.elapsed().as_secs_f64()
@@ -125,35 +91,8 @@ pub fn run(args: &[String]) -> Result<()> {
 
 /// Creates the venv and installs the pinned wheels when needed; returns the directory holding
 /// `nvcc` and `ptxas`.
-fn ensure_toolchain(opts: &Options, requirements: &Path) -> Result<PathBuf> {
-    let python = opts.venv.join("bin").join("python");
-    if !python.exists() {
-        eprintln!("creating virtual environment {}", opts.venv.display());
-        let venv = opts.venv.to_str().context("non-UTF-8 venv path")?;
-        run_cmd(Command::new(&opts.python).args(["-m", "venv", venv]))?;
-    }
-    let pins = read_pins(requirements)?;
-    if installed_versions(&python, &pins)? != pins {
-        eprintln!(
-            "installing the pinned CUDA wheels into {}",
-            opts.venv.display()
-        );
-        let req = requirements.to_str().context("non-UTF-8 path")?;
-        run_cmd(Command::new(&python).args([
-            "-m",
-            "pip",
-            "install",
-            "--quiet",
-            "--disable-pip-version-check",
-            "-r",
-            req,
-        ]))?;
-        let now = installed_versions(&python, &pins)?;
-        ensure!(
-            now == pins,
-            "after pip install: found {now:?}, need {pins:?}"
-        );
-    }
+fn ensure_toolchain(opts: &venv::Options, requirements: &Path) -> Result<PathBuf> {
+    let python = venv::ensure_venv(opts, requirements, "the pinned CUDA wheels")?;
     let out = Command::new(&python)
         .args([
             "-c",
@@ -169,50 +108,6 @@ fn ensure_toolchain(opts: &Options, requirements: &Path) -> Result<PathBuf> {
     let bin = PathBuf::from(String::from_utf8(out.stdout)?.trim()).join("nvidia/cu13/bin");
     ensure!(bin.join("nvcc").exists(), "no nvcc in {}", bin.display());
     Ok(bin)
-}
-
-/// `name==version` lines of a requirements file.
-fn read_pins(path: &Path) -> Result<Vec<(String, String)>> {
-    let text = fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
-    text.lines()
-        .map(|l| l.split('#').next().unwrap_or("").trim())
-        .filter(|l| !l.is_empty())
-        .map(|l| {
-            let (name, version) = l
-                .split_once("==")
-                .with_context(|| format!("`{l}`: pin with `==`"))?;
-            Ok((name.trim().to_string(), version.trim().to_string()))
-        })
-        .collect()
-}
-
-/// Versions of the pinned packages installed in the venv (empty string when missing).
-fn installed_versions(python: &Path, pins: &[(String, String)]) -> Result<Vec<(String, String)>> {
-    let script = "import sys\nfrom importlib import metadata\nfor n in sys.argv[1:]:\n    \
-                  try: print(metadata.version(n))\n    except Exception: print('')";
-    let out = Command::new(python)
-        .args(["-c", script])
-        .args(pins.iter().map(|p| &p.0))
-        .output()
-        .with_context(|| format!("running {}", python.display()))?;
-    ensure!(
-        out.status.success(),
-        "{} failed: {}",
-        python.display(),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let text = String::from_utf8(out.stdout)?;
-    Ok(pins
-        .iter()
-        .map(|p| p.0.clone())
-        .zip(text.lines().map(str::to_string))
-        .collect())
-}
-
-fn run_cmd(cmd: &mut Command) -> Result<()> {
-    let status = cmd.status().with_context(|| format!("spawning {cmd:?}"))?;
-    ensure!(status.success(), "{cmd:?} failed: {status}");
-    Ok(())
 }
 
 fn sha256_hex(bytes: &[u8]) -> String {
@@ -519,19 +414,7 @@ fn generated_names(dir: &Path) -> Result<BTreeSet<String>> {
 }
 
 fn check(fresh: &Path, committed: &Path) -> Result<()> {
-    let (new, old) = (generated_names(fresh)?, generated_names(committed)?);
-    let mut problems = Vec::new();
-    for name in new.union(&old) {
-        match (new.contains(name), old.contains(name)) {
-            (true, false) => problems.push(format!("missing: {name}")),
-            (false, true) => problems.push(format!("not produced by the build: {name}")),
-            _ => {
-                if fs::read(fresh.join(name))? != fs::read(committed.join(name))? {
-                    problems.push(format!("differs: {name}"));
-                }
-            }
-        }
-    }
+    let (problems, count) = outputs::differences(generated_names, fresh, committed, "build")?;
     if !problems.is_empty() {
         bail!(
             "PTX in {} is stale:\n  {}\nrun `cargo xtask ptx` and commit the result",
@@ -539,23 +422,6 @@ fn check(fresh: &Path, committed: &Path) -> Result<()> {
             problems.join("\n  ")
         );
     }
-    println!(
-        "PTX is up to date and ptxas accepts all of it ({} files)",
-        new.len()
-    );
-    Ok(())
-}
-
-fn install(fresh: &Path, committed: &Path) -> Result<()> {
-    fs::create_dir_all(committed)?;
-    let (new, old) = (generated_names(fresh)?, generated_names(committed)?);
-    for name in old.difference(&new) {
-        println!("removing stale {name}");
-        fs::remove_file(committed.join(name))?;
-    }
-    for name in &new {
-        fs::copy(fresh.join(name), committed.join(name))?;
-    }
-    println!("wrote {} files to {}", new.len(), committed.display());
+    println!("PTX is up to date and ptxas accepts all of it ({count} files)");
     Ok(())
 }

@@ -1,7 +1,11 @@
 //! Inputs and comparisons shared by the GPU tests and the CPU emulation tests.
 #![allow(dead_code)]
 
-use quant::{QuantizedTensor, RngKey};
+use fp_formats::mx::{MxElement, ScaleRule};
+use quant::{
+    AmaxAlgo, BlockShape, Fp8Element, Fp8Scaling, OperandQuant, QuantFormat, QuantizedTensor, Rht,
+    RngKey, RoundingMode, Usage,
+};
 
 pub struct Rng(pub u64);
 
@@ -51,6 +55,176 @@ pub const KEY: RngKey = RngKey {
     seed: 0x0123_4567_89AB_CDEF,
     stream: 0xFEED_0000_0042,
 };
+
+/// Both roundings, nearest-even first.
+pub const ROUNDINGS: [RoundingMode; 2] = [RoundingMode::NearestEven, RoundingMode::Stochastic];
+/// Both usages, rowwise first.
+pub const USAGES: [Usage; 2] = [Usage::Rowwise, Usage::Columnwise];
+
+/// A quantization setting and its name in failure messages.
+pub type Case = (String, OperandQuant);
+
+/// NVFP4 with each block shape and rounding.
+pub fn nvfp4_cases() -> Vec<Case> {
+    let mut v = Vec::new();
+    for block in [BlockShape::Row16, BlockShape::Tile16] {
+        for rounding in ROUNDINGS {
+            v.push((
+                format!("nvfp4 {block:?} {rounding:?}"),
+                OperandQuant::nvfp4()
+                    .with_block(block)
+                    .with_rounding(rounding),
+            ));
+        }
+    }
+    v
+}
+
+/// NVFP4 with the random Hadamard transform (columnwise only): each sign choice, rounding
+/// and block shape.
+pub fn nvfp4_rht_cases() -> Vec<Case> {
+    let mut v = Vec::new();
+    for rht in [Rht::FixedSigns, Rht::RandomSigns] {
+        for rounding in ROUNDINGS {
+            for block in [BlockShape::Row16, BlockShape::Tile16] {
+                v.push((
+                    format!("nvfp4 RHT {rht:?} {rounding:?} {block:?}"),
+                    OperandQuant::nvfp4()
+                        .with_rht(rht)
+                        .with_rounding(rounding)
+                        .with_block(block),
+                ));
+            }
+        }
+    }
+    v
+}
+
+/// The paper's NVFP4 cast-transpose pairs `(rowwise, columnwise)`: gradients (1x16 SR /
+/// 1x16 SR + RHT), weights (16x16 both), activations (1x16 RNE / 1x16 RNE + RHT); quantized
+/// with [`CT_ROW_KEY`] and [`CT_COL_KEY`].
+pub fn nvfp4_cast_transpose_cases() -> [(OperandQuant, OperandQuant); 3] {
+    let paper = quant::GemmPolicy::nvfp4_paper();
+    [
+        (paper.dgrad.a, paper.wgrad.a),
+        (paper.fprop.b, paper.dgrad.b),
+        (paper.fprop.a, paper.wgrad.b),
+    ]
+}
+pub const CT_ROW_KEY: RngKey = RngKey {
+    seed: 11,
+    stream: 1,
+};
+pub const CT_COL_KEY: RngKey = RngKey {
+    seed: 12,
+    stream: 2,
+};
+
+/// MX with each of `elements`, `rules` and both roundings.
+pub fn mx_cases(elements: &[MxElement], rules: &[ScaleRule]) -> Vec<Case> {
+    let mut v = Vec::new();
+    for &element in elements {
+        for &rule in rules {
+            for rounding in ROUNDINGS {
+                v.push((
+                    format!("mx {element:?} {rule:?} {rounding:?}"),
+                    OperandQuant::mx(element, rule).with_rounding(rounding),
+                ));
+            }
+        }
+    }
+    v
+}
+
+/// Tseng et al.'s prescaled stochastic MXFP4.
+pub fn mx_prescaled() -> OperandQuant {
+    OperandQuant {
+        format: QuantFormat::Mx {
+            element: MxElement::E2M1,
+            rule: ScaleRule::Floor,
+            sr_prescale: true,
+        },
+        ..OperandQuant::mx(MxElement::E2M1, ScaleRule::Floor)
+            .with_rounding(RoundingMode::Stochastic)
+    }
+}
+
+/// FP8 with current scaling: each element, with and without power-of-two scales, each
+/// rounding.
+pub fn fp8_current_cases() -> Vec<Case> {
+    let mut v = Vec::new();
+    for element in [Fp8Element::E4M3, Fp8Element::E5M2] {
+        for power_of_two in [false, true] {
+            for rounding in ROUNDINGS {
+                let q = OperandQuant {
+                    format: QuantFormat::Fp8 {
+                        element,
+                        scaling: Fp8Scaling::Current { power_of_two },
+                    },
+                    ..OperandQuant::F32
+                };
+                v.push((
+                    format!("fp8 {element:?} pow2={power_of_two} {rounding:?}"),
+                    q.with_rounding(rounding),
+                ));
+            }
+        }
+    }
+    v
+}
+
+/// FP8 with delayed scaling.
+pub fn fp8_delayed(
+    element: Fp8Element,
+    history_len: usize,
+    margin: i32,
+    algo: AmaxAlgo,
+) -> OperandQuant {
+    OperandQuant {
+        format: QuantFormat::Fp8 {
+            element,
+            scaling: Fp8Scaling::Delayed {
+                history_len,
+                margin,
+                algo,
+            },
+        },
+        ..OperandQuant::F32
+    }
+}
+
+/// Calls `check(usage, q, what)` for every case and usage of a `rows` x `cols` input, with
+/// `what` = `"{case name} {usage:?} {rows}x{cols}"`.
+pub fn for_each_case(
+    cases: &[Case],
+    usages: &[Usage],
+    rows: usize,
+    cols: usize,
+    mut check: impl FnMut(Usage, &OperandQuant, &str),
+) {
+    for (name, q) in cases {
+        for &usage in usages {
+            check(usage, q, &format!("{name} {usage:?} {rows}x{cols}"));
+        }
+    }
+}
+
+/// [`for_each_case`] on `data(rows, cols, seed + i)` for the `i`-th of `shapes`: calls
+/// `check(x, rows, cols, usage, q, what)`.
+pub fn sweep(
+    shapes: &[(usize, usize)],
+    seed: u64,
+    cases: &[Case],
+    usages: &[Usage],
+    mut check: impl FnMut(&[f32], usize, usize, Usage, &OperandQuant, &str),
+) {
+    for (si, &(rows, cols)) in shapes.iter().enumerate() {
+        let x = data(rows, cols, seed + si as u64);
+        for_each_case(cases, usages, rows, cols, |usage, q, what| {
+            check(&x, rows, cols, usage, q, what)
+        });
+    }
+}
 
 /// Byte-for-byte comparison with a readable first difference.
 pub fn assert_same(gpu: &QuantizedTensor, cpu: &QuantizedTensor, what: &str) {
