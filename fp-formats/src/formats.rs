@@ -40,6 +40,8 @@ pub trait ElementFormat: Copy + Send + Sync + 'static {
     /// Exponent of the largest power of two not above [`Self::MAX`] (`emax_elem` of the OCP
     /// MX spec: E2M1 2, E2M3 2, E3M2 4, E4M3 8, E5M2 15).
     const EMAX: i32;
+    /// Explicit mantissa bits (E2M1 1, E2M3 3, E3M2 2, E4M3 3, E5M2 2, E8M0 0).
+    const MANTISSA_BITS: u32;
     /// Wraps a raw code (bits above [`Self::BITS`] must be zero).
     fn from_bits(bits: u8) -> Self;
     /// The raw code.
@@ -84,6 +86,7 @@ macro_rules! element_format {
             const BITS: u32 = $bits;
             const MAX: f32 = $name::SPEC.decode($name::SPEC.max_code);
             const EMAX: i32 = $emax;
+            const MANTISSA_BITS: u32 = $name::SPEC.mbits;
             #[inline]
             fn from_bits(bits: u8) -> Self {
                 debug_assert!(($bits == 8) || bits >> $bits == 0, "code out of range");
@@ -328,6 +331,7 @@ impl ElementFormat for E8M0 {
     const BITS: u32 = 8;
     const MAX: f32 = E8M0(0xFE).value();
     const EMAX: i32 = 127;
+    const MANTISSA_BITS: u32 = 0;
     #[inline]
     fn from_bits(bits: u8) -> Self {
         Self(bits)

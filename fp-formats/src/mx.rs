@@ -42,11 +42,6 @@ pub enum ScaleRule {
     Even,
 }
 
-/// The largest magnitude of each element format, as used by RCEIL.
-fn element_max<F: ElementFormat>() -> f32 {
-    F::MAX
-}
-
 impl ScaleRule {
     /// The block scale for an element format `F` and a block amax.
     ///
@@ -67,12 +62,12 @@ impl ScaleRule {
         let amax = amax.abs();
         match self {
             ScaleRule::Rceil => {
-                let d = amax * (1.0 / element_max::<F>());
+                let d = amax * (1.0 / F::MAX);
                 rceil_e8m0(d)
             }
             ScaleRule::Floor => floor_rule::<F>(amax.to_bits()),
             ScaleRule::Even => {
-                let mbits = mantissa_bits::<F>();
+                let mbits = F::MANTISSA_BITS;
                 let bits = amax.to_bits();
                 let rounded = (bits + (1 << (23 - mbits - 1))) & 0x7F80_0000;
                 floor_rule::<F>(rounded)
@@ -90,15 +85,6 @@ impl ScaleRule {
 fn floor_rule<F: ElementFormat>(amax_bits: u32) -> E8M0 {
     let e = (amax_bits >> 23) as i32 - 127;
     E8M0::from_exponent_clamped(e - F::EMAX)
-}
-
-fn mantissa_bits<F: ElementFormat>() -> u32 {
-    match F::NAME {
-        "e2m1" => 1,
-        "e2m3" | "e4m3" | "ue4m3" => 3,
-        "e3m2" | "e5m2" => 2,
-        _ => 0,
-    }
 }
 
 /// `ceil(log2(d))` as a biased E8M0 code, on the bits of `d` (round toward +inf,
