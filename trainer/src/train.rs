@@ -688,9 +688,11 @@ impl Trainer {
         }
     }
 
-    /// One optimizer step: returns (mean training loss, pre-clip grad norm, lr), or the
-    /// divergence error (nothing applied).
-    fn train_step(&mut self) -> Result<(f32, f32, f32), TrainError> {
+    /// One optimizer step (every micro-batch's forward and backward, clipping, AdamW):
+    /// returns (mean training loss, pre-clip grad norm, lr), or the divergence error (nothing
+    /// applied). [`Trainer::run`] calls it in its loop; benchmarks call it directly. It writes
+    /// nothing to disk.
+    pub fn train_step(&mut self) -> Result<(f32, f32, f32), TrainError> {
         let accum = self.cfg.train.grad_accum;
         let progress = self.progress();
         let mut loss_sum = 0.0f64;

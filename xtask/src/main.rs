@@ -3,6 +3,7 @@
 //! Each task lives in its own module exposing `run(args: &[String]) -> anyhow::Result<()>`
 //! and is registered in [`TASKS`]; adding a task means adding a module and one line there.
 
+mod bench;
 mod golden;
 mod outputs;
 mod ptx;
@@ -15,6 +16,11 @@ use std::path::{Path, PathBuf};
 type Task = (&'static str, &'static str, fn(&[String]) -> Result<()>);
 
 const TASKS: &[Task] = &[
+    (
+        "bench",
+        "measure kernels, training steps, callgrind counts; gate on bench/baseline.json (--quick for CI)",
+        bench::run,
+    ),
     (
         "golden",
         "regenerate fp-formats golden tables from ml_dtypes (--check: verify they are current)",

@@ -1,0 +1,155 @@
+//! `bench`: the measurements behind `cargo xtask bench`.
+//!
+//! ```text
+//! bench kernels [--rounds N] [--json PATH]       quantizers, GEMM, AdamW: same-run ratios
+//! bench steps [--rounds N] [--json PATH]        training step per recipe, thread scaling
+//! bench step --recipes A,B --threads T           one child: prints a JSON line
+//! bench callgrind --kernel K [--setup-only]      one kernel call, for valgrind
+//! bench callgrind --list                         the callgrind kernels and input size
+//! ```
+//!
+//! Gated figures are ratios measured in the same rounds (see `harness`), so a busy machine
+//! moves them far less than the absolute numbers, which are reported but never gated.
+
+mod harness;
+mod kernels;
+mod metric;
+mod steps;
+
+use std::path::PathBuf;
+
+use anyhow::{Context, Result};
+use clap::{Parser, Subcommand};
+use metric::SuiteReport;
+
+/// Nibble's benchmark binary (normally run by `cargo xtask bench`).
+#[derive(Parser, Debug)]
+#[command(name = "bench", about)]
+struct Cli {
+    #[command(subcommand)]
+    command: Cmd,
+}
+
+#[derive(Subcommand, Debug)]
+enum Cmd {
+    /// Quantizers vs memcpy, emulated NVFP4 GEMM vs f32, AdamW vs an in-place pass, thread
+    /// scaling: same-run ratios.
+    Kernels {
+        /// Paired rounds (the gated figures are medians over rounds).
+        #[arg(long, default_value_t = 7)]
+        rounds: usize,
+        /// Write the metrics here (JSON) instead of stdout.
+        #[arg(long)]
+        json: Option<PathBuf>,
+    },
+    /// Training step time per recipe on the default model, and FP32 thread scaling.
+    Steps {
+        /// Rounds of one step per recipe (interleaved in one 2-thread process).
+        #[arg(long, default_value_t = 10)]
+        rounds: usize,
+        /// Pairs of 1-thread and 2-thread FP32 child processes.
+        #[arg(long, default_value_t = 3)]
+        scaling_rounds: usize,
+        /// Write the metrics here (JSON) instead of stdout.
+        #[arg(long)]
+        json: Option<PathBuf>,
+    },
+    /// One step-timing child (used by `steps`): prints a JSON line.
+    Step {
+        /// Built-in recipe names, comma-separated.
+        #[arg(long, value_delimiter = ',', required = true)]
+        recipes: Vec<String>,
+        /// Threads.
+        #[arg(long, default_value_t = 2)]
+        threads: usize,
+        /// Untimed steps per recipe.
+        #[arg(long, default_value_t = 1)]
+        warmup: usize,
+        /// Rounds of one timed step per recipe.
+        #[arg(long, default_value_t = 4)]
+        rounds: usize,
+    },
+    /// One call of one kernel, to be counted by `valgrind --tool=callgrind`.
+    Callgrind {
+        /// Kernel name (see --list).
+        #[arg(long, required_unless_present = "list")]
+        kernel: Option<String>,
+        /// Prepare the input but skip the call (the baseline to subtract).
+        #[arg(long)]
+        setup_only: bool,
+        /// Print the kernels and the number of elements each processes.
+        #[arg(long)]
+        list: bool,
+    },
+}
+
+fn write(report: &SuiteReport, json: Option<PathBuf>) -> Result<()> {
+    let text = serde_json::to_string_pretty(report)?;
+    match json {
+        Some(path) => {
+            std::fs::write(&path, text).with_context(|| format!("writing {}", path.display()))
+        }
+        None => {
+            println!("{text}");
+            Ok(())
+        }
+    }
+}
+
+fn main() -> Result<()> {
+    match Cli::parse().command {
+        Cmd::Kernels { rounds, json } => {
+            // One-thread GEMMs: set before this process's first GEMM.
+            std::env::set_var("MATMUL_NUM_THREADS", "1");
+            let metrics = kernels::suite(rounds.max(1))?;
+            write(
+                &SuiteReport {
+                    suite: "kernels".into(),
+                    rounds,
+                    metrics,
+                },
+                json,
+            )
+        }
+        Cmd::Steps {
+            rounds,
+            scaling_rounds,
+            json,
+        } => {
+            let metrics = steps::suite(rounds.max(1), scaling_rounds.max(1))?;
+            write(
+                &SuiteReport {
+                    suite: "steps".into(),
+                    rounds,
+                    metrics,
+                },
+                json,
+            )
+        }
+        Cmd::Step {
+            recipes,
+            threads,
+            warmup,
+            rounds,
+        } => {
+            let r = steps::child(&recipes, threads, warmup, rounds)?;
+            println!("{}", serde_json::to_string(&r)?);
+            Ok(())
+        }
+        Cmd::Callgrind {
+            kernel,
+            setup_only,
+            list,
+        } => {
+            if list {
+                let n = kernels::CALLGRIND_SIDE * kernels::CALLGRIND_SIDE;
+                for k in kernels::CALLGRIND_KERNELS {
+                    println!("{k} {n}");
+                }
+                return Ok(());
+            }
+            let kernel = kernel.context("--kernel is required")?;
+            kernels::callgrind_kernel(&kernel, setup_only)
+        }
+    }
+}

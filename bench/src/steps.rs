@@ -1,0 +1,178 @@
+//! End-to-end training steps of the default model (`trainer`'s `small` preset on the embedded
+//! corpus) per recipe.
+//!
+//! Recipes are compared inside one process: a trainer per recipe, then rounds in which every
+//! trainer takes one step, in an order that rotates from round to round, so each gated ratio
+//! (recipe step time / FP32 step time) comes from steps taken within about a second of each
+//! other. Thread scaling needs separate processes (matrixmultiply reads
+//! `MATMUL_NUM_THREADS` once per process), so 1-thread and 2-thread FP32 children alternate.
+
+use std::process::Command;
+use std::time::Instant;
+
+use anyhow::{bail, Context, Result};
+use serde::{Deserialize, Serialize};
+use trainer::recipe::Recipe;
+use trainer::train::{RunConfig, TrainOptions, Trainer};
+
+use crate::harness::{median_and_spread, Rounds};
+use crate::metric::{Better, Metric};
+
+/// Recipes the step suite measures; FP32 is the reference.
+pub const RECIPES: &[&str] = &["fp32", "bf16", "fp8-current", "mxfp8", "nvfp4"];
+
+/// Model preset the steps run (the README's main command trains it).
+pub const PRESET: &str = "small";
+
+/// What a child prints (one JSON line on stdout).
+#[derive(Debug, Serialize, Deserialize)]
+pub struct ChildResult {
+    /// Threads (rayon pool and matrixmultiply).
+    pub threads: usize,
+    /// Tokens per optimizer step.
+    pub tokens_per_step: u64,
+    /// Recipe names, in the order of `secs`.
+    pub recipes: Vec<String>,
+    /// Seconds of each timed step: `secs[recipe][round]`.
+    pub secs: Vec<Vec<f64>>,
+}
+
+/// Child: a trainer per recipe, `warmup` untimed steps each, then `rounds` rounds of one
+/// timed step per recipe in rotating order.
+pub fn child(
+    recipes: &[String],
+    threads: usize,
+    warmup: usize,
+    rounds: usize,
+) -> Result<ChildResult> {
+    if threads == 0 || rounds == 0 || recipes.is_empty() {
+        bail!("need at least one recipe, thread and round");
+    }
+    // Read by matrixmultiply at its first GEMM, which has not happened yet in this process.
+    std::env::set_var("MATMUL_NUM_THREADS", threads.to_string());
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(threads)
+        .build()?;
+    pool.install(|| {
+        let cfg = RunConfig::preset(PRESET)?;
+        let tokens_per_step = cfg.tokens_per_step();
+        let mut trainers = Vec::new();
+        for r in recipes {
+            let mut tr = Trainer::new(
+                cfg.clone(),
+                Recipe::builtin(r)?,
+                TrainOptions {
+                    out: std::env::temp_dir().join("nibble-bench-unused"),
+                    quiet: true,
+                    stop_after: None,
+                },
+            )?;
+            for _ in 0..warmup {
+                tr.train_step()?;
+            }
+            trainers.push(tr);
+        }
+        let n = trainers.len();
+        let mut secs = vec![Vec::with_capacity(rounds); n];
+        for round in 0..rounds {
+            for k in 0..n {
+                let i = (k + round) % n;
+                let t = Instant::now();
+                trainers[i].train_step()?;
+                secs[i].push(t.elapsed().as_secs_f64());
+            }
+        }
+        Ok(ChildResult {
+            threads,
+            tokens_per_step,
+            recipes: recipes.to_vec(),
+            secs,
+        })
+    })
+}
+
+fn run_child(
+    recipes: &[&str],
+    threads: usize,
+    warmup: usize,
+    rounds: usize,
+) -> Result<ChildResult> {
+    let exe = std::env::current_exe().context("locating the bench binary")?;
+    let out = Command::new(exe)
+        .args(["step", "--recipes", &recipes.join(",")])
+        .args(["--threads", &threads.to_string()])
+        .args(["--warmup", &warmup.to_string()])
+        .args(["--rounds", &rounds.to_string()])
+        .env_remove("MATMUL_NUM_THREADS")
+        .output()
+        .context("starting a step child")?;
+    if !out.status.success() {
+        bail!(
+            "step child ({recipes:?}, {threads} threads) failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    let line = String::from_utf8_lossy(&out.stdout);
+    serde_json::from_str(line.trim()).with_context(|| format!("parsing child output {line:?}"))
+}
+
+/// Parent: the recipe comparison (`rounds` rounds in one 2-thread child) and the thread
+/// scaling (`scaling_rounds` pairs of 1- and 2-thread FP32 children), then the metrics.
+pub fn suite(rounds: usize, scaling_rounds: usize) -> Result<Vec<Metric>> {
+    let res = run_child(RECIPES, 2, 1, rounds)?;
+    let r = Rounds::from_times(RECIPES.to_vec(), res.secs);
+    let tokens = res.tokens_per_step;
+    let mut out = Vec::new();
+    let what = format!(
+        "trainer preset `{PRESET}` on the embedded corpus, {tokens} tokens/step, fwd+bwd+clip+AdamW"
+    );
+    for &recipe in RECIPES {
+        let ms = 1e3 * r.median_secs(recipe);
+        eprintln!("  {recipe:<12} {ms:8.1} ms/step (median of {rounds}, 2 threads)");
+        out.push(Metric::absolute(
+            format!("step/{recipe}/ms"),
+            ms,
+            "ms",
+            Better::Lower,
+            format!("median step time, 2 threads, {what}"),
+        ));
+        out.push(Metric::absolute(
+            format!("step/{recipe}/tokens_per_s"),
+            tokens as f64 / (ms / 1e3),
+            "tok/s",
+            Better::Higher,
+            format!("2 threads, {what}"),
+        ));
+        if recipe != "fp32" {
+            let (t, spread) = r.ratio(recipe, "fp32");
+            out.push(Metric::ratio(
+                format!("step/{recipe}/vs_fp32"),
+                t,
+                spread,
+                Better::Lower,
+                format!("step time / FP32 step time (steps interleaved in one process), 2 threads, {what}"),
+            ));
+        }
+    }
+    // Thread scaling: alternate 1- and 2-thread children (order flipped every round).
+    let mut per = [Vec::new(), Vec::new()];
+    for round in 0..scaling_rounds {
+        for k in 0..2 {
+            let i = (k + round) % 2;
+            let c = run_child(&["fp32"], i + 1, 1, 3)?;
+            per[i].push(median_and_spread(&c.secs[0]).0);
+        }
+    }
+    let [one, two] = per;
+    let s = Rounds::from_times(vec!["1t", "2t"], vec![one, two]);
+    let (x, spread) = s.ratio("1t", "2t");
+    eprintln!("  fp32 2-thread speed-up {x:.2}x ({scaling_rounds} pairs of children)");
+    out.push(Metric::ratio(
+        "step/fp32/speedup_2t".into(),
+        x,
+        spread,
+        Better::Higher,
+        format!("1-thread step time / 2-thread step time (alternating child processes), {what}"),
+    ));
+    Ok(out)
+}

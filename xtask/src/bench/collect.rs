@@ -1,0 +1,258 @@
+//! Figures from sources other than the `bench` binary's own suites: callgrind instruction
+//! counts, criterion's estimates, the GPU bench, and a description of the machine.
+
+use std::fs;
+use std::path::Path;
+use std::process::Command;
+
+use anyhow::{bail, Context, Result};
+use serde_json::Value;
+
+use super::metric::{Better, Kind, Metric};
+
+/// `valgrind --version`, or None when valgrind is not installed.
+pub fn valgrind_version() -> Option<String> {
+    let out = Command::new("valgrind").arg("--version").output().ok()?;
+    out.status
+        .success()
+        .then(|| String::from_utf8_lossy(&out.stdout).trim().to_string())
+}
+
+/// Total instructions (`Ir`) of one run of `bench callgrind ARGS` under callgrind.
+fn callgrind_ir(bench: &Path, args: &[&str], scratch: &Path) -> Result<u64> {
+    let out_file = scratch.join("callgrind.out");
+    let out = Command::new("valgrind")
+        .arg("--tool=callgrind")
+        .arg(format!("--callgrind-out-file={}", out_file.display()))
+        .arg(bench)
+        .arg("callgrind")
+        .args(args)
+        .output()
+        .context("running valgrind")?;
+    if !out.status.success() {
+        bail!(
+            "valgrind {args:?} failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    let text = fs::read_to_string(&out_file)?;
+    let total = text
+        .lines()
+        .find_map(|l| {
+            l.strip_prefix("totals:")
+                .or_else(|| l.strip_prefix("summary:"))
+        })
+        .context("no totals line in the callgrind output")?;
+    total
+        .split_whitespace()
+        .next()
+        .context("empty totals line")?
+        .parse()
+        .context("parsing the callgrind total")
+}
+
+/// Instructions per element of every callgrind kernel of the `bench` binary: the count of a
+/// run that calls the kernel once minus that of a run that only prepares its input.
+pub fn callgrind(bench: &Path, scratch: &Path) -> Result<Vec<Metric>> {
+    let list = Command::new(bench).args(["callgrind", "--list"]).output()?;
+    let list = String::from_utf8(list.stdout)?;
+    let mut out = Vec::new();
+    for line in list.lines() {
+        let mut it = line.split_whitespace();
+        let (Some(kernel), Some(n)) = (it.next(), it.next()) else {
+            continue;
+        };
+        let n: f64 = n.parse().context("element count")?;
+        let with = callgrind_ir(bench, &["--kernel", kernel], scratch)?;
+        let without = callgrind_ir(bench, &["--kernel", kernel, "--setup-only"], scratch)?;
+        let per = with.saturating_sub(without) as f64 / n;
+        eprintln!("  callgrind {kernel:<32} {per:8.3} instructions/element");
+        out.push(Metric {
+            name: format!("callgrind/{kernel}/ir_per_elem"),
+            value: per,
+            unit: "Ir/elem".into(),
+            better: Better::Lower,
+            kind: Kind::Instructions,
+            spread: None,
+            note: format!(
+                "instructions per input element of one call on {n} f32 (callgrind, one thread)"
+            ),
+        });
+    }
+    Ok(out)
+}
+
+/// Criterion's estimates under `dir` (one `new/benchmark.json` + `new/estimates.json` per
+/// benchmark) as reported metrics: median time, and throughput where the bench declares one.
+pub fn criterion(dir: &Path) -> Result<Vec<Metric>> {
+    let mut found = Vec::new();
+    walk(dir, &mut found)?;
+    found.sort();
+    let mut out = Vec::new();
+    for new_dir in found {
+        let bench: Value =
+            serde_json::from_str(&fs::read_to_string(new_dir.join("benchmark.json"))?)?;
+        let est: Value =
+            serde_json::from_str(&fs::read_to_string(new_dir.join("estimates.json"))?)?;
+        let id = bench["full_id"].as_str().unwrap_or("?").to_string();
+        let Some(ns) = est["median"]["point_estimate"].as_f64() else {
+            continue;
+        };
+        out.push(Metric {
+            name: format!("criterion/{id}/time"),
+            value: ns / 1e6,
+            unit: "ms".into(),
+            better: Better::Lower,
+            kind: Kind::Absolute,
+            spread: None,
+            note: "criterion median".into(),
+        });
+        let secs = ns / 1e9;
+        if let Some(b) = bench["throughput"]["Bytes"].as_f64() {
+            out.push(Metric {
+                name: format!("criterion/{id}/gbs"),
+                value: b / secs / 1e9,
+                unit: "GB/s".into(),
+                better: Better::Higher,
+                kind: Kind::Absolute,
+                spread: None,
+                note: "criterion median throughput".into(),
+            });
+        } else if let Some(e) = bench["throughput"]["Elements"].as_f64() {
+            out.push(Metric {
+                name: format!("criterion/{id}/gelem_s"),
+                value: e / secs / 1e9,
+                unit: "G/s".into(),
+                better: Better::Higher,
+                kind: Kind::Absolute,
+                spread: None,
+                note: "criterion median throughput (elements, or FLOPs for GEMMs)".into(),
+            });
+        }
+    }
+    Ok(out)
+}
+
+fn walk(dir: &Path, found: &mut Vec<std::path::PathBuf>) -> Result<()> {
+    if !dir.is_dir() {
+        return Ok(());
+    }
+    for entry in fs::read_dir(dir)? {
+        let path = entry?.path();
+        if path.is_dir() {
+            if path.file_name().is_some_and(|n| n == "new") && path.join("benchmark.json").is_file()
+            {
+                found.push(path);
+            } else if path.file_name().is_none_or(|n| n != "report") {
+                walk(&path, found)?;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Why the GPU benches cannot run here, or None when an NVIDIA driver is loaded.
+pub fn gpu_absent() -> Option<String> {
+    if Path::new("/proc/driver/nvidia/version").exists() {
+        None
+    } else {
+        Some("no NVIDIA driver on this machine (/proc/driver/nvidia/version absent)".into())
+    }
+}
+
+/// The GPU bench's JSON records (a list of objects with a `name` and numeric fields) as
+/// reported metrics named `gpu/<name>/<field>`.
+pub fn gpu(json: &Path) -> Result<Vec<Metric>> {
+    let v: Value = serde_json::from_str(&fs::read_to_string(json)?)?;
+    let mut out = Vec::new();
+    for rec in v.as_array().context("the GPU bench JSON is not a list")? {
+        let name = rec["name"].as_str().unwrap_or("?");
+        for (field, val) in rec.as_object().into_iter().flatten() {
+            let (unit, better) = match field.as_str() {
+                "ms" => ("ms", Better::Lower),
+                "gbs" => ("GB/s", Better::Higher),
+                "hbm_fraction" => ("of HBM", Better::Higher),
+                "tflops" => ("TFLOP/s", Better::Higher),
+                _ => continue, // shapes and byte counts describe the case
+            };
+            let Some(x) = val.as_f64() else { continue };
+            out.push(Metric {
+                name: format!("gpu/{name}/{field}"),
+                value: x,
+                unit: unit.into(),
+                better,
+                kind: Kind::Absolute,
+                spread: None,
+                note: "kernels-cuda gpu_bench (CUDA-event median)".into(),
+            });
+        }
+    }
+    Ok(out)
+}
+
+/// A one-line description of the machine: CPU model, logical CPUs, memory, kernel, rustc.
+pub fn machine() -> String {
+    let cpu = fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|s| {
+            s.lines().find_map(|l| {
+                l.strip_prefix("model name")
+                    .map(|r| r.trim_start_matches([' ', '\t', ':']).to_string())
+            })
+        })
+        .unwrap_or_else(|| std::env::consts::ARCH.to_string());
+    let cpus = std::thread::available_parallelism().map_or(0, |n| n.get());
+    let mem_gib = fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("MemTotal:"))
+                .and_then(|r| r.trim().trim_end_matches("kB").trim().parse::<f64>().ok())
+        })
+        .map_or(String::from("? GiB"), |kb| {
+            format!("{:.0} GiB", kb / 1048576.0)
+        });
+    let kernel = fs::read_to_string("/proc/sys/kernel/osrelease").map_or_else(
+        |_| std::env::consts::OS.to_string(),
+        |s| format!("Linux {}", s.trim()),
+    );
+    let rustc = Command::new(std::env::var("RUSTC").unwrap_or_else(|_| "rustc".into()))
+        .arg("-V")
+        .output()
+        .ok()
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+        .unwrap_or_default();
+    format!("{cpu}, {cpus} logical CPUs, {mem_gib} RAM, {kernel}, {rustc}")
+}
+
+/// The 1-minute load average, or None off Linux.
+pub fn load_average() -> Option<f64> {
+    fs::read_to_string("/proc/loadavg")
+        .ok()?
+        .split_whitespace()
+        .next()?
+        .parse()
+        .ok()
+}
+
+/// `git describe`-like revision of the workspace: short hash plus `-dirty` when the tree has
+/// uncommitted changes.
+pub fn git_revision(root: &Path) -> String {
+    let run = |args: &[&str]| {
+        Command::new("git")
+            .current_dir(root)
+            .args(args)
+            .output()
+            .ok()
+            .filter(|o| o.status.success())
+            .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+    };
+    let hash = run(&["rev-parse", "--short", "HEAD"]).unwrap_or_else(|| "unknown".into());
+    let dirty =
+        run(&["status", "--porcelain", "--untracked-files=no"]).is_some_and(|s| !s.is_empty());
+    if dirty {
+        format!("{hash}-dirty")
+    } else {
+        hash
+    }
+}

@@ -1,0 +1,264 @@
+//! The human-readable side of a bench run: `target/bench/report.md`, the console summary and
+//! the README's performance section.
+
+use std::fmt::Write as _;
+
+use anyhow::{bail, Result};
+use serde_json::{json, Value};
+
+use super::baseline::{Status, Verdict};
+use super::metric::{Kind, Metric};
+
+/// Facts about the run printed with every table.
+pub struct RunInfo {
+    /// `quick` or `full`.
+    pub mode: String,
+    /// UTC start time.
+    pub date: String,
+    /// Git revision.
+    pub git: String,
+    /// Machine description.
+    pub machine: String,
+    /// 1-minute load average at the start and the end.
+    pub load: (Option<f64>, Option<f64>),
+    /// Wall seconds.
+    pub seconds: f64,
+    /// Baseline path, relative to the workspace.
+    pub baseline: String,
+    /// Whether a baseline existed.
+    pub has_baseline: bool,
+}
+
+fn fmt_load(l: Option<f64>) -> String {
+    l.map_or("?".into(), |v| format!("{v:.1}"))
+}
+
+fn fmt_value(v: f64) -> String {
+    if v == 0.0 {
+        "0".into()
+    } else if v.abs() >= 1000.0 {
+        format!("{v:.0}")
+    } else if v.abs() >= 10.0 {
+        format!("{v:.1}")
+    } else {
+        format!("{v:.3}")
+    }
+}
+
+fn status_text(s: &Status) -> String {
+    match s {
+        Status::Ok { change } => format!("ok ({:+.1}%)", 100.0 * change),
+        Status::Improved { change } => format!("improved ({:+.1}%)", 100.0 * change),
+        Status::Regressed { change } => format!("**REGRESSED** ({:+.1}%)", 100.0 * change),
+        Status::New => "new (not in baseline)".into(),
+        Status::Missing => "**MISSING**".into(),
+        Status::Skipped(why) => format!("skipped: {why}"),
+    }
+}
+
+/// A verdict as JSON for `report.json`.
+pub fn verdict_json(v: &Verdict) -> Value {
+    let (status, change) = match &v.status {
+        Status::Ok { change } => ("ok", Some(*change)),
+        Status::Improved { change } => ("improved", Some(*change)),
+        Status::Regressed { change } => ("regressed", Some(*change)),
+        Status::New => ("new", None),
+        Status::Missing => ("missing", None),
+        Status::Skipped(_) => ("skipped", None),
+    };
+    json!({"name": v.name, "value": v.value, "baseline": v.base, "tolerance": v.tolerance,
+           "status": status, "change": change})
+}
+
+fn header(run: &RunInfo) -> String {
+    format!(
+        "{}, git {}, {} (UTC); load average {} at the start, {} at the end; {:.0} s.",
+        run.machine,
+        run.git,
+        run.date,
+        fmt_load(run.load.0),
+        fmt_load(run.load.1),
+        run.seconds
+    )
+}
+
+/// The full markdown report.
+pub fn report(
+    run: &RunInfo,
+    metrics: &[Metric],
+    verdicts: &[Verdict],
+    skipped: &[(String, String)],
+) -> String {
+    let mut s = String::new();
+    let flag = if run.mode == "quick" { " --quick" } else { "" };
+    let _ = writeln!(s, "# `cargo xtask bench{flag}`\n\n{}\n", header(run));
+    if !run.has_baseline {
+        let _ = writeln!(s, "No baseline at `{}`: nothing was gated.\n", run.baseline);
+    }
+    let _ = writeln!(
+        s,
+        "## Gated metrics (against `{}`)\n\n| metric | value | spread | baseline | tolerance | verdict |\n|---|---:|---:|---:|---:|---|",
+        run.baseline
+    );
+    for m in metrics.iter().filter(|m| m.kind.gated()) {
+        let v = verdicts.iter().find(|v| v.name == m.name);
+        let _ = writeln!(
+            s,
+            "| `{}` | {} {} | {} | {} | {} | {} |",
+            m.name,
+            fmt_value(m.value),
+            m.unit,
+            m.spread
+                .map_or("-".into(), |x| format!("{:.0}%", 100.0 * x)),
+            v.and_then(|v| v.base).map_or("-".into(), fmt_value),
+            v.and_then(|v| v.tolerance)
+                .map_or("-".into(), |t| format!("{:.0}%", 100.0 * t)),
+            v.map_or("-".into(), |v| status_text(&v.status)),
+        );
+    }
+    for v in verdicts.iter().filter(|v| v.value.is_none()) {
+        let _ = writeln!(
+            s,
+            "| `{}` | - | - | {} | - | {} |",
+            v.name,
+            v.base.map_or("-".into(), fmt_value),
+            status_text(&v.status)
+        );
+    }
+    let _ = writeln!(s, "\n## Reported figures (absolute; they move with the machine's load and are not gated)\n\n| metric | value | what |\n|---|---:|---|");
+    for m in metrics.iter().filter(|m| m.kind == Kind::Absolute) {
+        let _ = writeln!(
+            s,
+            "| `{}` | {} {} | {} |",
+            m.name,
+            fmt_value(m.value),
+            m.unit,
+            m.note
+        );
+    }
+    let _ = writeln!(s, "\n## What the gated metrics measure\n");
+    for m in metrics.iter().filter(|m| m.kind.gated()) {
+        let _ = writeln!(s, "- `{}`: {}", m.name, m.note);
+    }
+    if !skipped.is_empty() {
+        let _ = writeln!(s, "\n## Skipped\n");
+        for (src, why) in skipped {
+            let _ = writeln!(s, "- `{src}`: {why}");
+        }
+    }
+    s
+}
+
+/// A few console lines: counts by verdict and every failing metric.
+pub fn summary(verdicts: &[Verdict]) -> String {
+    let count = |f: fn(&Status) -> bool| verdicts.iter().filter(|v| f(&v.status)).count();
+    let mut s = format!(
+        "gate: {} ok, {} improved, {} new, {} skipped, {} regressed, {} missing",
+        count(|s| matches!(s, Status::Ok { .. })),
+        count(|s| matches!(s, Status::Improved { .. })),
+        count(|s| matches!(s, Status::New)),
+        count(|s| matches!(s, Status::Skipped(_))),
+        count(|s| matches!(s, Status::Regressed { .. })),
+        count(|s| matches!(s, Status::Missing)),
+    );
+    for v in verdicts
+        .iter()
+        .filter(|v| v.status.fails() || matches!(v.status, Status::Improved { .. }))
+    {
+        let _ = write!(
+            s,
+            "\n  {:<48} {:>10} vs baseline {:>10}  {}",
+            v.name,
+            v.value.map_or("-".into(), fmt_value),
+            v.base.map_or("-".into(), fmt_value),
+            status_text(&v.status)
+        );
+    }
+    s
+}
+
+const BEGIN: &str = "<!-- bench:begin (generated by `cargo xtask bench --update-readme`) -->";
+const END: &str = "<!-- bench:end -->";
+
+fn find(metrics: &[Metric], name: &str) -> Option<f64> {
+    metrics.iter().find(|m| m.name == name).map(|m| m.value)
+}
+
+/// The README's performance section (between the markers).
+pub fn readme_section(run: &RunInfo, metrics: &[Metric], skipped: &[(String, String)]) -> String {
+    let mut s = String::new();
+    let flag = if run.mode == "quick" { " --quick" } else { "" };
+    let _ = writeln!(
+        s,
+        "Generated by `cargo xtask bench{flag} --update-readme` on {}",
+        header(run)
+    );
+    let _ = writeln!(
+        s,
+        "\nTraining step of the default model (trainer preset `small`, 2,048 tokens/step, fwd + bwd + AdamW), 2 threads:\n\n| recipe | ms/step | tokens/s | step time / FP32 |\n|---|---:|---:|---:|"
+    );
+    for r in ["fp32", "bf16", "fp8-current", "mxfp8", "nvfp4"] {
+        let (Some(ms), Some(tps)) = (
+            find(metrics, &format!("step/{r}/ms")),
+            find(metrics, &format!("step/{r}/tokens_per_s")),
+        ) else {
+            continue;
+        };
+        let ratio =
+            find(metrics, &format!("step/{r}/vs_fp32")).map_or("1".into(), |x| format!("{x:.2}"));
+        let _ = writeln!(s, "| {r} | {ms:.1} | {tps:.0} | {ratio} |");
+    }
+    if let Some(x) = find(metrics, "step/fp32/speedup_2t") {
+        let _ = writeln!(s, "\nFP32 step, 2 threads over 1: {x:.2}x.");
+    }
+    let _ = writeln!(
+        s,
+        "\nKernels, one thread, on a 4096x4096 f32 tensor (memcpy of it: {} GB/s here); speed as a multiple of that memcpy, and instructions per element from callgrind:\n\n| kernel | x memcpy | GB/s of f32 | instructions/element |\n|---|---:|---:|---:|",
+        find(metrics, "memcpy/f32_tensor/gbs").map_or("?".into(), |v| format!("{v:.1}"))
+    );
+    for m in metrics.iter().filter(|m| m.name.ends_with("/vs_memcpy")) {
+        let case = m.name.trim_end_matches("/vs_memcpy");
+        let gbs = find(metrics, &format!("{case}/gbs")).map_or("-".into(), |v| format!("{v:.2}"));
+        let ir = find(metrics, &format!("callgrind/{case}/ir_per_elem"))
+            .map_or("-".into(), |v| format!("{v:.2}"));
+        let _ = writeln!(s, "| `{case}` | {:.3} | {gbs} | {ir} |", m.value);
+    }
+    let _ = writeln!(s, "\nOther gated ratios:\n");
+    for m in metrics.iter().filter(|m| {
+        m.kind == Kind::Ratio && !m.name.ends_with("/vs_memcpy") && !m.name.starts_with("step/")
+    }) {
+        let _ = writeln!(s, "- `{}` = {:.3}: {}", m.name, m.value, m.note);
+    }
+    for (src, why) in skipped {
+        let _ = writeln!(s, "\nNot measured (`{src}`): {why}.");
+    }
+    s
+}
+
+/// Replaces the text between the README markers with `section`.
+pub fn splice(readme: &str, section: &str) -> Result<String> {
+    let (Some(b), Some(e)) = (readme.find(BEGIN), readme.find(END)) else {
+        bail!("the README has no `{BEGIN}` ... `{END}` markers for the performance section");
+    };
+    if e < b {
+        bail!("the README's bench markers are out of order");
+    }
+    Ok(format!(
+        "{}{BEGIN}\n{section}{}",
+        &readme[..b],
+        &readme[e..]
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn splice_replaces_only_between_markers() {
+        let text = format!("intro\n{BEGIN}\nold\n{END}\noutro\n");
+        let out = splice(&text, "new\n").unwrap();
+        assert_eq!(out, format!("intro\n{BEGIN}\nnew\n{END}\noutro\n"));
+        assert!(splice("no markers", "x").is_err());
+    }
+}
