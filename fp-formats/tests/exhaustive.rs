@@ -3,7 +3,8 @@
 //! * every code of every format decodes and re-encodes to itself under every mode/policy
 //!   (stochastic rounding with all 256 random bytes);
 //! * every f32 bit pattern (all 2^32) through the fast paths `E2M1::encode_rne_sat`,
-//!   `E4M3::encode_rne_sat` and `round_to_bf16`, against the RNE oracle (a step function of
+//!   `E4M3::encode_rne_sat`, `E5M2::encode_rne_sat` and
+//!   `round_to_bf16`, against the RNE oracle (a step function of
 //!   |x| whose change points come from `common::oracle`); the fast paths are also compared
 //!   with the generic encoder directly on every input of the two sweeps below;
 //! * the generic encoder of every format, every mode and policy, against the search-based
@@ -138,6 +139,22 @@ fn e4m3_fast_path_all_f32() {
     report("E4M3::encode_rne_sat, all f32", t, n);
 }
 
+#[test]
+fn e5m2_fast_path_all_f32() {
+    let t = Instant::now();
+    let f = common::format("e5m2");
+    let n = sweep_against_step(
+        "E5M2::encode_rne_sat",
+        &f,
+        Rounding::NearestEven,
+        Overflow::Saturate,
+        0,
+        SIGN,
+        |x, want| E5M2::encode_rne_sat(x) as u16 == want,
+    );
+    report("E5M2::encode_rne_sat, all f32", t, n);
+}
+
 /// `round_to_bf16` against RNE + Propagate to BF16 (NaN only needs to stay NaN).
 #[test]
 fn round_to_bf16_all_f32() {
@@ -166,6 +183,7 @@ fn round_to_bf16_all_f32() {
 fn check_fast_paths(x: f32) -> Result<(), String> {
     let e2m1 = E2M1::from_f32(x, Rounding::NearestEven, Overflow::Saturate).0;
     let e4m3 = E4M3::from_f32(x, Rounding::NearestEven, Overflow::Saturate).0;
+    let e5m2 = E5M2::from_f32(x, Rounding::NearestEven, Overflow::Saturate).0;
     let bf = bf16_from_f32(x, Rounding::NearestEven, Overflow::Propagate).to_f32();
     let r = round_to_bf16(x);
     let bf_ok = if x.is_nan() {
@@ -173,7 +191,11 @@ fn check_fast_paths(x: f32) -> Result<(), String> {
     } else {
         r.to_bits() == bf.to_bits()
     };
-    if E2M1::encode_rne_sat(x) != e2m1 || E4M3::encode_rne_sat(x) != e4m3 || !bf_ok {
+    if E2M1::encode_rne_sat(x) != e2m1
+        || E4M3::encode_rne_sat(x) != e4m3
+        || E5M2::encode_rne_sat(x) != e5m2
+        || !bf_ok
+    {
         return Err(format!(
             "fast path != generic at x = {x:e} (0x{:08x})",
             x.to_bits()
