@@ -4,7 +4,8 @@
 //! that `cargo xtask bench` runs under callgrind.
 //!
 //! Everything but the thread-scaling cases runs on one thread (a one-thread rayon pool and
-//! `MATMUL_NUM_THREADS=1`), so the gated ratios do not depend on how busy the second core is.
+//! `MATMUL_NUM_THREADS=1`) and is timed on the process CPU clock, so the gated ratios depend
+//! little on how busy the machine is; the thread-scaling cases are timed on the wall clock.
 
 use std::hint::black_box;
 
@@ -20,7 +21,7 @@ use quant::{
     Usage,
 };
 
-use crate::harness::{run_rounds, Case};
+use crate::harness::{run_against, run_rounds, Case, Clock};
 use crate::metric::{Better, Metric};
 
 /// Deterministic normal-ish data (Irwin-Hall of four uniforms, unit variance) from SplitMix64.
@@ -82,8 +83,8 @@ fn quantizers(rounds: usize, rows: usize, cols: usize, out: &mut Vec<Metric>) ->
     let fp8q = OperandQuant::fp8_current(Fp8Element::E4M3);
     let mut fake = vec![0.0f32; x.len()];
 
+    let mut memcpy = Case::new("memcpy", || copy.copy_from_slice(black_box(&x)));
     let mut cases = vec![
-        Case::new("memcpy", || copy.copy_from_slice(black_box(&x))),
         Case::new("e2m1_encode_packed", || {
             E2M1::encode_slice_packed(black_box(&x), &mut packed)
         }),
@@ -145,10 +146,9 @@ fn quantizers(rounds: usize, rows: usize, cols: usize, out: &mut Vec<Metric>) ->
             })
         }),
     ];
-    let names: Vec<&'static str> = cases.iter().map(|c| c.name).collect();
-    let r = run_rounds(&mut cases, rounds, 2);
-    drop(cases);
-    let memcpy_gbs = bytes / r.median_secs("memcpy") / 1e9;
+    let r = run_against(&mut memcpy, &mut cases, rounds, 2, Clock::ProcessCpu);
+    drop((cases, memcpy));
+    let memcpy_gbs = bytes / r.reference_median_secs() / 1e9;
     out.push(Metric::absolute(
         "memcpy/f32_tensor/gbs".into(),
         memcpy_gbs,
@@ -156,7 +156,7 @@ fn quantizers(rounds: usize, rows: usize, cols: usize, out: &mut Vec<Metric>) ->
         Better::Higher,
         format!("copy_from_slice of a {rows}x{cols} f32 tensor, one thread"),
     ));
-    for name in names.into_iter().filter(|n| *n != "memcpy") {
+    for &name in r.names() {
         let crate_name = if name.starts_with("nvfp4_row")
             || name.starts_with("nvfp4_col")
             || name.starts_with("nvfp4_fake")
@@ -167,14 +167,14 @@ fn quantizers(rounds: usize, rows: usize, cols: usize, out: &mut Vec<Metric>) ->
         } else {
             "fp-formats"
         };
-        let (t, spread) = r.ratio("memcpy", name);
+        let (t, spread) = r.speed_vs_reference(name);
         out.push(Metric::ratio(
             format!("{crate_name}/{name}/vs_memcpy"),
             t,
             spread,
             Better::Higher,
             format!(
-                "speed relative to a memcpy of the same {rows}x{cols} f32 tensor (time of memcpy / time of kernel), one thread"
+                "speed relative to a memcpy of the same {rows}x{cols} f32 tensor (time of a memcpy run just before / time of kernel), one thread, CPU clock"
             ),
         ));
         out.push(Metric::absolute(
@@ -209,7 +209,7 @@ fn thread_scaling(rounds: usize, rows: usize, cols: usize, out: &mut Vec<Metric>
         Case::new("col_1t", || col(&p1)),
         Case::new("col_2t", || col(&p2)),
     ];
-    let r = run_rounds(&mut cases, rounds, 2);
+    let r = run_rounds(&mut cases, rounds, 2, Clock::Wall);
     for (name, one, two) in [
         ("nvfp4_row_1x16", "row_1t", "row_2t"),
         ("nvfp4_col_rht_sr", "col_1t", "col_2t"),
@@ -249,7 +249,7 @@ fn gemm(rounds: usize, out: &mut Vec<Metric>) -> Result<()> {
             })
         }),
     ];
-    let r = run_rounds(&mut cases, rounds, 1);
+    let r = run_rounds(&mut cases, rounds, 1, Clock::ProcessCpu);
     let (t, spread) = r.ratio("nvfp4", "f32");
     out.push(Metric::ratio(
         "quant/nvfp4_emulated_gemm/vs_f32".into(),
@@ -297,7 +297,7 @@ fn adamw(rounds: usize, out: &mut Vec<Metric>) -> Result<()> {
             rmw.iter_mut().for_each(|v| *v *= a);
         }),
     ];
-    let r = run_rounds(&mut cases, rounds, 1);
+    let r = run_rounds(&mut cases, rounds, 1, Clock::ProcessCpu);
     let (t, spread) = r.ratio("rmw", "adamw");
     out.push(Metric::ratio(
         "optim/adamw_10M/vs_inplace".into(),
