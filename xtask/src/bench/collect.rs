@@ -256,3 +256,68 @@ pub fn git_revision(root: &Path) -> String {
         hash
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn scratch(tag: &str) -> std::path::PathBuf {
+        let d = std::env::temp_dir().join(format!("xtask-collect-{tag}-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&d);
+        fs::create_dir_all(&d).unwrap();
+        d
+    }
+
+    #[test]
+    fn reads_criterion_estimates_and_skips_reports() {
+        let root = scratch("criterion");
+        let new = root.join("adamw_10M").join("step").join("new");
+        fs::create_dir_all(&new).unwrap();
+        fs::write(
+            new.join("benchmark.json"),
+            r#"{"group_id":"adamw_10M","function_id":"step","value_str":null,
+                "throughput":{"Bytes":280000000},"full_id":"adamw_10M/step"}"#,
+        )
+        .unwrap();
+        fs::write(
+            new.join("estimates.json"),
+            r#"{"mean":{"point_estimate":3.0e7},"median":{"point_estimate":2.8e7}}"#,
+        )
+        .unwrap();
+        fs::create_dir_all(root.join("report")).unwrap();
+        let m = criterion(&root).unwrap();
+        fs::remove_dir_all(&root).unwrap();
+        assert_eq!(m.len(), 2);
+        assert_eq!(m[0].name, "criterion/adamw_10M/step/time");
+        assert!((m[0].value - 28.0).abs() < 1e-9, "median in ms");
+        assert_eq!(m[1].name, "criterion/adamw_10M/step/gbs");
+        assert!((m[1].value - 10.0).abs() < 1e-9, "280 MB in 28 ms");
+    }
+
+    #[test]
+    fn reads_gpu_bench_records() {
+        let root = scratch("gpu");
+        let f = root.join("gpu.json");
+        fs::write(
+            &f,
+            r#"[{"kind":"quantize","name":"nvfp4 rowwise","ms":0.5,"bytes":1000,"gbs":2000.0,"hbm_fraction":0.42},
+                {"kind":"gemm","name":"bf16","m":8192,"n":8192,"k":8192,"ms":2.0,"tflops":550.0}]"#,
+        )
+        .unwrap();
+        let m = gpu(&f).unwrap();
+        fs::remove_dir_all(&root).unwrap();
+        let mut names: Vec<&str> = m.iter().map(|m| m.name.as_str()).collect();
+        names.sort();
+        assert_eq!(
+            names,
+            [
+                "gpu/bf16/ms",
+                "gpu/bf16/tflops",
+                "gpu/nvfp4 rowwise/gbs",
+                "gpu/nvfp4 rowwise/hbm_fraction",
+                "gpu/nvfp4 rowwise/ms",
+            ]
+        );
+        assert!(m.iter().all(|m| m.kind == Kind::Absolute));
+    }
+}
