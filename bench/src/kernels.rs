@@ -17,8 +17,8 @@ use optim::{AdamW, AdamWConfig, ParamGroup, ParamSpec};
 use quant::gemm::matmul_tn;
 use quant::qgemm::{quantized_matmul_tn, Operand};
 use quant::{
-    fp8, mx, nvfp4, BlockShape, Fp8Element, OperandQuant, QuantState, Rht, RngKey, RoundingMode,
-    Usage,
+    bf16, fp8, mx, nvfp4, BlockShape, Fp8Element, OperandQuant, QuantState, Rht, RngKey,
+    RoundingMode, Usage,
 };
 
 use crate::harness::{run_against, run_rounds, Case, Clock};
@@ -81,7 +81,10 @@ fn quantizers(rounds: usize, rows: usize, cols: usize, out: &mut Vec<Metric>) ->
     let c = nvfp4_configs();
     let mxq = OperandQuant::mx(MxElement::E4M3, ScaleRule::Rceil);
     let fp8q = OperandQuant::fp8_current(Fp8Element::E4M3);
+    let e5m2q = OperandQuant::fp8_current(Fp8Element::E5M2);
+    let bf16q = quant::GemmPolicy::BF16.fprop.a;
     let mut fake = vec![0.0f32; x.len()];
+    let mut rounded = vec![0.0f32; x.len()];
 
     let mut memcpy = Case::new("memcpy", || copy.copy_from_slice(black_box(&x)));
     let mut cases = vec![
@@ -145,6 +148,20 @@ fn quantizers(rounds: usize, rows: usize, cols: usize, out: &mut Vec<Metric>) ->
                 );
             })
         }),
+        Case::new("fp8_e5m2_current", || {
+            p1.install(|| {
+                let mut st = QuantState::new();
+                black_box(
+                    fp8::quantize(&x, rows, cols, Usage::Rowwise, &e5m2q, KEY, &mut st).unwrap(),
+                );
+            })
+        }),
+        Case::new("bf16_fake_rne", || {
+            p1.install(|| {
+                bf16::fake_quantize_into(&x, rows, cols, Usage::Rowwise, &bf16q, KEY, &mut rounded)
+                    .unwrap();
+            })
+        }),
     ];
     let r = run_against(&mut memcpy, &mut cases, rounds, 2, Clock::ProcessCpu);
     drop((cases, memcpy));
@@ -160,8 +177,9 @@ fn quantizers(rounds: usize, rows: usize, cols: usize, out: &mut Vec<Metric>) ->
         let crate_name = if name.starts_with("nvfp4_row")
             || name.starts_with("nvfp4_col")
             || name.starts_with("nvfp4_fake")
+            || name.starts_with("fp8_")
+            || name.starts_with("bf16_")
             || name == "mxfp8_rowwise"
-            || name == "fp8_current"
         {
             "quant"
         } else {
@@ -335,6 +353,9 @@ pub const CALLGRIND_KERNELS: &[&str] = &[
     "quant/nvfp4_row_1x16",
     "quant/nvfp4_col_rht_sr",
     "quant/nvfp4_row_16x16",
+    "quant/mxfp8_rowwise",
+    "quant/fp8_e5m2_current",
+    "quant/bf16_fake_rne",
 ];
 
 /// Side of the square input the callgrind kernels run on.
@@ -378,6 +399,23 @@ pub fn callgrind_kernel(kernel: &str, setup_only: bool) -> Result<()> {
         }
         "quant/nvfp4_row_16x16" => {
             p1.install(|| nvfp4::quantize(&x, rows, cols, Usage::Rowwise, &c.weight, KEY))?;
+        }
+        "quant/mxfp8_rowwise" => {
+            let q = OperandQuant::mx(MxElement::E4M3, ScaleRule::Rceil);
+            p1.install(|| mx::quantize(&x, rows, cols, Usage::Rowwise, &q, KEY))?;
+        }
+        "quant/fp8_e5m2_current" => {
+            let q = OperandQuant::fp8_current(Fp8Element::E5M2);
+            let mut st = QuantState::new();
+            p1.install(|| fp8::quantize(&x, rows, cols, Usage::Rowwise, &q, KEY, &mut st))?;
+        }
+        "quant/bf16_fake_rne" => {
+            let q = quant::GemmPolicy::BF16.fprop.a;
+            let mut out = vec![0.0f32; x.len()];
+            p1.install(|| {
+                bf16::fake_quantize_into(&x, rows, cols, Usage::Rowwise, &q, KEY, &mut out)
+            })?;
+            black_box(&out);
         }
         _ => unreachable!("checked above"),
     }

@@ -57,17 +57,19 @@ fn bf16_bits(x: f32, r: Option<u8>) -> u16 {
 /// to infinity.
 #[inline(always)]
 fn round_run_rne<T>(src: &[f32], out: &mut [T], store: &impl Fn(&mut T, u16)) -> usize {
-    let mut overflow = 0usize;
-    let mut any_nan = false;
+    // u32 lanes throughout (flags as 0/1 counts) so the loop vectorises.
+    let mut overflow = 0u32;
+    let mut nans = 0u32;
     for (o, &v) in out.iter_mut().zip(src) {
         let b = v.to_bits();
-        let r = (b.wrapping_add(0x7FFF + ((b >> 16) & 1)) >> 16) as u16;
-        let finite = b & 0x7FFF_FFFF < 0x7F80_0000;
-        overflow += (r & 0x7FFF == 0x7F80 && finite) as usize;
-        any_nan |= b & 0x7FFF_FFFF > 0x7F80_0000;
-        store(o, r);
+        let a = b & 0x7FFF_FFFF;
+        let r = b.wrapping_add(0x7FFF + ((b >> 16) & 1)) >> 16;
+        overflow += ((r & 0x7FFF == 0x7F80) & (a < 0x7F80_0000)) as u32;
+        nans += (a > 0x7F80_0000) as u32;
+        store(o, r as u16);
     }
-    if any_nan {
+    let overflow = overflow as usize;
+    if nans > 0 {
         for (o, &v) in out.iter_mut().zip(src) {
             if v.is_nan() {
                 store(o, bf16_bits(v, None));
