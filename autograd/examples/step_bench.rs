@@ -11,9 +11,12 @@
 //! causal attention → output linear → residual; RMSNorm → SwiGLU MLP (gate, up, down
 //! linears) → residual), final RMSNorm, LM head, mean cross-entropy. Block linears use the
 //! measured policy; the LM head runs in FP32 for the FP32 policy and in BF16 otherwise (the
-//! NVFP4 recipe keeps the head in BF16). Times are medians over the measured steps ("best" is
-//! the fastest step); tokens/s is from the median. Threads: `--threads` sets both the rayon pool and
-//! `MATMUL_NUM_THREADS` (matrixmultiply, capped at 4 by the crate).
+//! NVFP4 recipe keeps the head in BF16). The policies run interleaved (step s of each, then
+//! step s + 1, ...), so that a load change on a shared machine hits them alike. Times are
+//! medians over the measured steps ("best" is the fastest step); tokens/s is from the median;
+//! "ratio" is the median step time over that of the first policy listed (FP32 by default).
+//! Threads: `--threads` sets both the rayon pool and `MATMUL_NUM_THREADS` (matrixmultiply,
+//! capped at 4 by the crate).
 
 #[path = "gpt/mod.rs"]
 mod gpt;
@@ -120,9 +123,21 @@ fn run(a: &Args) -> Result<(), BoxError> {
         cfg.n_layers, cfg.d_model, cfg.n_heads, cfg.hidden, cfg.vocab, a.batch, a.seq, n_tok, a.threads
     );
     println!(
-        "{:<11} {:>9} {:>9} {:>9} {:>9} {:>9} {:>10} {:>8}",
-        "policy", "fwd ms", "bwd ms", "optim ms", "step ms", "best ms", "tokens/s", "loss"
+        "{:<11} {:>9} {:>9} {:>9} {:>9} {:>9} {:>10} {:>8} {:>8}",
+        "policy", "fwd ms", "bwd ms", "optim ms", "step ms", "best ms", "tokens/s", "loss", "ratio"
     );
+    struct Run {
+        name: &'static str,
+        policy: GemmPolicy,
+        head: GemmPolicy,
+        ps: ParamStore,
+        model: Gpt,
+        opt: AdamW,
+        /// forward, backward, optimizer, whole step (seconds per measured step)
+        times: [Vec<f64>; 4],
+        last_loss: f32,
+    }
+    let mut runs = Vec::new();
     for (name, policy, head) in policies {
         let mut ps = ParamStore::new();
         let model = Gpt::new(&mut ps, cfg, 7)?;
@@ -130,48 +145,69 @@ fn run(a: &Args) -> Result<(), BoxError> {
             .ids()
             .map(|id| ParamSpec::new(ps.value(id).map(|v| v.len()).unwrap_or(0), 0))
             .collect();
-        let mut opt = AdamW::new(AdamWConfig::default(), &specs)?;
-        let (mut f, mut b, mut o, mut s) = (vec![], vec![], vec![], vec![]);
-        let mut last_loss = 0.0;
-        for step in 0..a.warmup + a.steps {
+        let opt = AdamW::new(AdamWConfig::default(), &specs)?;
+        runs.push(Run {
+            name,
+            policy,
+            head,
+            ps,
+            model,
+            opt,
+            times: Default::default(),
+            last_loss: 0.0,
+        });
+    }
+    // Interleaved: step s of every policy, then step s + 1, ... so that load changes on a
+    // shared machine hit all policies alike (ratios from one run are then comparable).
+    for step in 0..a.warmup + a.steps {
+        for r in runs.iter_mut() {
             let t0 = Instant::now();
-            let mut g = Graph::new(&mut ps).with_rng(0, step as u64);
+            let mut g = Graph::new(&mut r.ps).with_rng(0, step as u64);
             let last = step + 1 == a.warmup + a.steps;
             if a.profile && last {
                 g.enable_profiling();
             }
-            let loss = model.loss(&mut g, tokens, targets, a.batch, &policy, &head)?;
-            last_loss = g.item(loss)?;
+            let loss = r
+                .model
+                .loss(&mut g, tokens, targets, a.batch, &r.policy, &r.head)?;
+            r.last_loss = g.item(loss)?;
             let t1 = Instant::now();
             g.backward(loss)?;
             if let (true, Some(p)) = (last, g.profile()) {
-                println!("{name}, last step:\n{p}");
+                println!("{}, last step:\n{p}", r.name);
             }
             drop(g);
             let t2 = Instant::now();
-            let (mut values, grads) = ps.params_and_grads();
-            opt.step(&mut values, &grads, 1e-3)?;
-            ps.zero_grad();
-            ps.end_quant_step()?;
+            let (mut values, grads) = r.ps.params_and_grads();
+            r.opt.step(&mut values, &grads, 1e-3)?;
+            r.ps.zero_grad();
+            r.ps.end_quant_step()?;
             let t3 = Instant::now();
             if step >= a.warmup {
-                f.push((t1 - t0).as_secs_f64());
-                b.push((t2 - t1).as_secs_f64());
-                o.push((t3 - t2).as_secs_f64());
-                s.push((t3 - t0).as_secs_f64());
+                let d = [t1 - t0, t2 - t1, t3 - t2, t3 - t0];
+                for (v, d) in r.times.iter_mut().zip(d) {
+                    v.push(d.as_secs_f64());
+                }
             }
         }
-        let step_s = median(&mut s);
+    }
+    let mut base = None;
+    for r in runs.iter_mut() {
+        let [f, b, o, s] = &mut r.times;
+        let best = s.iter().fold(f64::MAX, |m, &v| m.min(v));
+        let step_s = median(s);
+        let base_s = *base.get_or_insert(step_s);
         println!(
-            "{:<11} {:>9.1} {:>9.1} {:>9.1} {:>9.1} {:>9.1} {:>10.0} {:>8.4}",
-            name,
-            1e3 * median(&mut f),
-            1e3 * median(&mut b),
-            1e3 * median(&mut o),
+            "{:<11} {:>9.1} {:>9.1} {:>9.1} {:>9.1} {:>9.1} {:>10.0} {:>8.4} {:>8.2}",
+            r.name,
+            1e3 * median(f),
+            1e3 * median(b),
+            1e3 * median(o),
             1e3 * step_s,
-            1e3 * s[0],
+            1e3 * best,
             n_tok as f64 / step_s,
-            last_loss
+            r.last_loss,
+            step_s / base_s
         );
     }
     Ok(())

@@ -66,6 +66,17 @@
 //! use the same IEEE operations without FMA, so the bytes are identical (unit-tested).
 //! Results are independent of the number of rayon threads.
 //!
+//! [`fake_quantize_into`] (the emulated GEMM's path) does not go through codes: without Four
+//! Over Six it runs a fused kernel (`nvfp4/fast.rs`) that writes `e2m1 · s_b` straight from
+//! the scaled value (E2M1 rounding as f32 arithmetic on the grid, no look-up tables), rowwise
+//! in one pass after the amax, columnwise after a staging pass that transforms and transposes
+//! every tile once (AVX2 shuffles in `nvfp4/avx2.rs`) and reduces the post-RHT amax on the
+//! way. The emulated GEMM takes columnwise operands in the source layout instead (same
+//! values at the positions of `x`, read through a transposed view; lane-wise kernels, no
+//! transpose). Both are tested bit for bit against this tile core (and the packed path) on
+//! edge-case data, in both builds; Four Over Six and the error report of a non-finite input
+//! take the tile core.
+//!
 //! ```
 //! use quant::{nvfp4, OperandQuant, RngKey, Usage};
 //! let mut x = vec![0.0f32; 32];
@@ -688,6 +699,11 @@ macro_rules! avx2_dispatch {
     };
 }
 
+// The fused fake-quantization path (after the macro, which it uses) and its AVX2 kernels.
+#[cfg(target_arch = "x86_64")]
+mod avx2;
+mod fast;
+
 avx2_dispatch!(process_panel_dispatch => process_panel(
     x: &[f32], plan: &Plan, sc: &Scaling, p0: usize, sink: &mut impl TileSink
 ));
@@ -908,6 +924,62 @@ pub fn fake_quantize_into(
     if plan.is_empty() {
         return Ok(Scaling::new(0.0, plan.fos).g.s_dec);
     }
+    if plan.fos.is_none() {
+        if let Some(s_dec) = fast::fake_quantize(x, &plan, out)? {
+            return Ok(s_dec);
+        }
+    }
+    fake_quantize_reference(x, &plan, out)
+}
+
+/// The columnwise [`fake_quantize_into`] of `x` (`[rows, cols]`) written in the layout of
+/// `x` instead of the stored (transposed) layout: `out[r * cols + c]` is the stored value at
+/// `(c, r)`. Returns `S_dec`. The emulated GEMM reads it through a transposed view, which
+/// packs like an f32 operand's view (no transpose is materialised).
+///
+/// # Errors
+/// As [`fake_quantize_into`] with [`Usage::Columnwise`].
+pub(crate) fn fake_quantize_columnwise_source_layout(
+    x: &[f32],
+    rows: usize,
+    cols: usize,
+    q: &OperandQuant,
+    key: RngKey,
+    out: &mut [f32],
+) -> Result<f32, QuantError> {
+    let plan = Plan::new(x, rows, cols, Usage::Columnwise, q, key)?;
+    if out.len() != x.len() {
+        return Err(FormatError::ShapeMismatch {
+            rows,
+            cols,
+            expected: x.len(),
+            got: out.len(),
+        }
+        .into());
+    }
+    if plan.is_empty() {
+        return Ok(Scaling::new(0.0, plan.fos).g.s_dec);
+    }
+    if plan.fos.is_none() {
+        if let Some(s_dec) = fast::fake_quantize_columnwise_source_layout(x, &plan, out)? {
+            return Ok(s_dec);
+        }
+    }
+    // Four Over Six, or the error report: the stored layout, then transposed into `out`.
+    let mut stored = vec![0.0f32; x.len()];
+    let s_dec = fake_quantize_reference(x, &plan, &mut stored)?;
+    for (c, srow) in stored.chunks_exact(rows).enumerate() {
+        for (r, v) in srow.iter().enumerate() {
+            out[r * cols + c] = *v;
+        }
+    }
+    Ok(s_dec)
+}
+
+/// The tile-core implementation of [`fake_quantize_into`] (Four Over Six, the error report
+/// of a non-finite columnwise input, and the reference the fused path is tested against).
+fn fake_quantize_reference(x: &[f32], plan: &Plan, out: &mut [f32]) -> Result<f32, QuantError> {
+    let plan = *plan;
     let amax = global_amax(x, &plan)?;
     let sc = Scaling::new(amax, plan.fos);
     let cols_s = plan.cols;
@@ -1097,6 +1169,176 @@ mod tests {
                 let a = quantize_impl(&x, rows, cols, usage, &q, key, true).unwrap();
                 let b = quantize_impl(&x, rows, cols, usage, &q, key, false).unwrap();
                 assert_eq!(a, b, "{usage:?} {q:?}");
+            }
+        }
+    }
+
+    /// Inputs for the fused-path tests: random magnitudes over many binades with zeros,
+    /// subnormals, exact grid points, ties and values near f32::MAX (finite), optionally a
+    /// whole all-zero / all-subnormal region so that some blocks get scale 0.
+    fn edge_data(n: usize, seed: u64, huge: bool) -> Vec<f32> {
+        let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+        (0..n)
+            .map(|i| {
+                s ^= s << 13;
+                s ^= s >> 7;
+                s ^= s << 17;
+                let u = (s >> 40) as f32 / (1u64 << 24) as f32 - 0.5;
+                match (s >> 8) % 23 {
+                    0 => 0.0,
+                    1 => -0.0,
+                    2 => f32::from_bits((s >> 12) as u32 & 0x807F_FFFF), // subnormal
+                    3 => [0.25f32, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0, 6.0][i % 8],
+                    4 if huge => f32::MAX * u,
+                    5 => u * 1e-30,
+                    6 => u * 1e6,
+                    _ if i % 97 < 20 => u * 1e-38, // whole low-magnitude stretches
+                    _ => u * 4.0,
+                }
+            })
+            .collect()
+    }
+
+    /// The fused fake quantization (AVX2 and baseline builds) equals the tile-core
+    /// reference bit for bit, for every non-Four-Over-Six configuration, both usages and
+    /// shapes with partial blocks, partial tiles and partial 16-block groups.
+    #[test]
+    fn fused_fake_quantize_matches_reference() {
+        let key = RngKey {
+            seed: 11,
+            stream: 5,
+        };
+        let nv = OperandQuant::nvfp4();
+        let sr = RoundingMode::Stochastic;
+        let mut configs = vec![
+            (nv, false),
+            (nv.with_rounding(sr), false),
+            (nv.with_block(BlockShape::Tile16), false),
+            (nv.with_block(BlockShape::Tile16).with_rounding(sr), false),
+        ];
+        for rht in [Rht::FixedSigns, Rht::RandomSigns] {
+            configs.push((nv.with_rht(rht), true));
+            configs.push((nv.with_rht(rht).with_rounding(sr), true));
+            configs.push((nv.with_rht(rht).with_block(BlockShape::Tile16), true));
+        }
+        let shapes = [
+            (16, 16),
+            (32, 256),
+            (48, 272),
+            (64, 768),
+            (16, 1),
+            (17, 33),
+            (5, 300),
+            (80, 48),
+            (272, 40),
+            (96, 17),
+        ];
+        for (si, &(rows, cols)) in shapes.iter().enumerate() {
+            for huge in [false, true] {
+                let x = edge_data(rows * cols, si as u64 * 2 + huge as u64, huge);
+                for &(q, rht) in &configs {
+                    for usage in [Usage::Rowwise, Usage::Columnwise] {
+                        if rht && (usage == Usage::Rowwise || rows % 16 != 0) {
+                            continue;
+                        }
+                        let plan = Plan::new(&x, rows, cols, usage, &q, key).unwrap();
+                        let mut want = vec![f32::NAN; x.len()];
+                        let Ok(s_ref) = fake_quantize_reference(&x, &plan, &mut want) else {
+                            // An overflowing transform: the fused paths must defer.
+                            assert!(rht && huge);
+                            let s = fast::fake_quantize(&x, &plan, &mut want).unwrap();
+                            assert!(s.is_none());
+                            let s =
+                                fast::fake_quantize_columnwise_source_layout(&x, &plan, &mut want);
+                            assert!(s.unwrap().is_none());
+                            continue;
+                        };
+                        for portable in [false, true] {
+                            let plan = Plan { portable, ..plan };
+                            let mut got = vec![f32::NAN; x.len()];
+                            let s = fast::fake_quantize(&x, &plan, &mut got).unwrap();
+                            let ctx = format!(
+                                "{rows}x{cols} {usage:?} {q:?} huge={huge} portable={portable}"
+                            );
+                            assert_eq!(s.map(f32::to_bits), Some(s_ref.to_bits()), "{ctx}");
+                            for (i, (a, b)) in got.iter().zip(&want).enumerate() {
+                                assert_eq!(
+                                    a.to_bits(),
+                                    b.to_bits(),
+                                    "{ctx} at {i}: {a:e} vs {b:e}"
+                                );
+                            }
+                            if usage == Usage::Columnwise {
+                                // The source-layout variant: the transpose of the same values.
+                                let mut src = vec![f32::NAN; x.len()];
+                                let s = fast::fake_quantize_columnwise_source_layout(
+                                    &x, &plan, &mut src,
+                                )
+                                .unwrap();
+                                assert_eq!(s.map(f32::to_bits), Some(s_ref.to_bits()), "{ctx}");
+                                for r in 0..rows {
+                                    for c in 0..cols {
+                                        let (a, b) = (src[r * cols + c], want[c * rows + r]);
+                                        assert_eq!(
+                                            a.to_bits(),
+                                            b.to_bits(),
+                                            "{ctx} src ({r}, {c})"
+                                        );
+                                    }
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// The crate entry of the source-layout path, including its fallbacks (Four Over Six,
+    /// non-finite input), against the transposed stored-layout result.
+    #[test]
+    fn columnwise_source_layout_entry() {
+        use crate::config::{BlockError, FourOverSix};
+        let (rows, cols) = (48, 40);
+        let x = edge_data(rows * cols, 99, false);
+        let key = RngKey { seed: 2, stream: 8 };
+        let nv = OperandQuant::nvfp4();
+        let fos = OperandQuant {
+            format: QuantFormat::Nvfp4 {
+                four_over_six: Some(FourOverSix {
+                    error: BlockError::Mae,
+                    e4m3_bound_256: false,
+                }),
+            },
+            ..nv
+        };
+        let qs = [
+            nv.with_rht(Rht::FixedSigns)
+                .with_rounding(RoundingMode::Stochastic),
+            nv.with_block(BlockShape::Tile16),
+            fos,
+        ];
+        for q in qs {
+            let mut stored = vec![0.0f32; x.len()];
+            let s1 = fake_quantize_into(&x, rows, cols, Usage::Columnwise, &q, key, &mut stored);
+            let mut src = vec![0.0f32; x.len()];
+            let s2 = fake_quantize_columnwise_source_layout(&x, rows, cols, &q, key, &mut src);
+            assert_eq!(s1.unwrap(), s2.unwrap());
+            for r in 0..rows {
+                for c in 0..cols {
+                    assert_eq!(src[r * cols + c].to_bits(), stored[c * rows + r].to_bits());
+                }
+            }
+            for bad in [f32::INFINITY, f32::from_bits(0x7FFF_FFFF)] {
+                let mut xb = x.clone();
+                xb[7 * cols + 3] = bad;
+                let e1 =
+                    fake_quantize_into(&xb, rows, cols, Usage::Columnwise, &q, key, &mut stored);
+                let e2 = fake_quantize_columnwise_source_layout(&xb, rows, cols, &q, key, &mut src);
+                assert_eq!(
+                    format!("{:?}", e1.unwrap_err()),
+                    format!("{:?}", e2.unwrap_err())
+                );
             }
         }
     }

@@ -97,14 +97,21 @@ pub fn philox4x32_10(counter: [u32; 4], key: [u32; 2]) -> [u32; 4] {
 /// (`counters[w][lane]`), written so that the compiler can vectorise the lanes.
 #[inline(always)]
 fn philox4x32_10_x8(counters: [[u32; 8]; 4], key: [u32; 2]) -> [[u32; 8]; 4] {
+    philox4x32_10_lanes(counters, key)
+}
+
+/// `L` independent Philox4x32-10 evaluations in structure-of-arrays form (`L = 16` gives
+/// two interleaved 8-lane chains on AVX2: more instruction-level parallelism).
+#[inline(always)]
+fn philox4x32_10_lanes<const L: usize>(counters: [[u32; L]; 4], key: [u32; 2]) -> [[u32; L]; 4] {
     let mut c = counters;
     let mut k = key;
     for r in 0..10 {
         if r > 0 {
             k = [k[0].wrapping_add(W0), k[1].wrapping_add(W1)];
         }
-        let mut n = [[0u32; 8]; 4];
-        for l in 0..8 {
+        let mut n = [[0u32; L]; 4];
+        for l in 0..L {
             let p0 = M0 as u64 * c[0][l] as u64;
             let p1 = M1 as u64 * c[2][l] as u64;
             n[0][l] = (p1 >> 32) as u32 ^ c[1][l] ^ k[0];
@@ -169,6 +176,39 @@ pub(crate) fn blocks_bytes_x8(key: RngKey, blocks: [u64; 8]) -> [[u8; 16]; 8] {
     }
     let o = philox4x32_10_x8(ctr, key_words(key));
     let mut out = [[0u8; 16]; 8];
+    for (l, bytes) in out.iter_mut().enumerate() {
+        *bytes = words_to_bytes([o[0][l], o[1][l], o[2][l], o[3][l]]);
+    }
+    out
+}
+
+/// The Philox output words of sixteen blocks in structure-of-arrays form:
+/// `out[w][l] == block_words(key, blocks[l])[w]`, so byte `i` of block `l` is
+/// `(out[i / 4][l] >> (8 * (i % 4))) as u8`.
+#[inline(always)]
+pub(crate) fn blocks_words_x16(key: RngKey, blocks: [u64; 16]) -> [[u32; 16]; 4] {
+    let mut ctr = [[0u32; 16]; 4];
+    for l in 0..16 {
+        let c = block_counter(blocks[l], key.stream);
+        for w in 0..4 {
+            ctr[w][l] = c[w];
+        }
+    }
+    philox4x32_10_lanes(ctr, key_words(key))
+}
+
+/// [`blocks_bytes_x8`] for sixteen blocks: `out[l] == block_bytes(key, blocks[l])`.
+#[inline(always)]
+pub(crate) fn blocks_bytes_x16(key: RngKey, blocks: [u64; 16]) -> [[u8; 16]; 16] {
+    let mut ctr = [[0u32; 16]; 4];
+    for l in 0..16 {
+        let c = block_counter(blocks[l], key.stream);
+        for w in 0..4 {
+            ctr[w][l] = c[w];
+        }
+    }
+    let o = philox4x32_10_lanes(ctr, key_words(key));
+    let mut out = [[0u8; 16]; 16];
     for (l, bytes) in out.iter_mut().enumerate() {
         *bytes = words_to_bytes([o[0][l], o[1][l], o[2][l], o[3][l]]);
     }
@@ -259,6 +299,24 @@ mod tests {
         let got = blocks_bytes_x8(key, blocks);
         for l in 0..8 {
             assert_eq!(got[l], block_bytes(key, blocks[l]));
+        }
+    }
+
+    #[test]
+    fn blocks_x16_matches_block_bytes() {
+        let key = RngKey {
+            seed: 0x0123_4567_89AB_CDEF,
+            stream: 1 << 40 | 3,
+        };
+        let blocks: [u64; 16] =
+            core::array::from_fn(|l| (l as u64 * 0x9E37_79B9) ^ (l as u64) << 40);
+        let got = blocks_bytes_x16(key, blocks);
+        let words = blocks_words_x16(key, blocks);
+        for l in 0..16 {
+            assert_eq!(got[l], block_bytes(key, blocks[l]));
+            for w in 0..4 {
+                assert_eq!(words[w][l], block_words(key, blocks[l])[w]);
+            }
         }
     }
 

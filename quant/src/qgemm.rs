@@ -11,7 +11,15 @@
 //!   views, and an all-FP32 product is bit for bit the plain [`sgemm`] / [`matmul_tn`].
 //! * Quantized operands are fake-quantized into reusable scratch buffers (per thread, or a
 //!   caller-provided [`GemmWorkspace`]); quantization is `O(MK + NK)` against the GEMM's
-//!   `O(MNK)`.
+//!   `O(MNK)`. Columnwise NVFP4 operands stay in the layout of the tensor (the GEMM reads
+//!   them through a transposed view, like an f32 operand). The α epilogue is split across
+//!   the rayon pool for large outputs
+//!   (elementwise, so the bytes do not depend on the thread count).
+//! * An operand used by two GEMMs can be fake-quantized once ([`fake_operand`]) and passed
+//!   to [`quantized_matmul_tn_prequantized`]; when its quantizer is [`transpose_exact`]
+//!   (NVFP4 16x16 RNE, BF16 RNE), the same values serve the columnwise usage through
+//!   [`FakeOperand::t`] (the linear layer's W for Fprop and Dgrad). The results equal those
+//!   of quantizing in each call, bit for bit.
 //!
 //! [`matmul_tn`]: crate::gemm::matmul_tn
 //!
@@ -146,6 +154,135 @@ pub fn quantized_matmul_tn_with(
     }
     let (m, ka) = a.gemm_shape();
     let (n, kb) = b.gemm_shape();
+    check_shapes(m, ka, n, kb, out)?;
+    let GemmWorkspace { a: wa, b: wb } = ws;
+    let (av, fa) = prepare(a, wa)?;
+    let (bv, fb) = prepare(b, wb)?;
+    finish(av, fa, bv, fb, out);
+    Ok(())
+}
+
+/// A fake-quantized GEMM operand the caller keeps: the unscaled values as an `[outer, K]`
+/// view (the stored layout of [`fake::fake_quantize_into`], or a transposed view of it) and
+/// the per-tensor factor. Made by [`fake_operand`]; consumed by
+/// [`quantized_matmul_tn_prequantized`].
+#[derive(Clone, Copy, Debug)]
+pub struct FakeOperand<'a> {
+    /// Unscaled values, `[outer, K]`.
+    pub values: MatRef<'a>,
+    /// Per-tensor factor (NVFP4 `S_dec`, 1 for BF16).
+    pub factor: f32,
+}
+
+impl<'a> FakeOperand<'a> {
+    /// The transposed operand (`[K, outer]`): for a quantizer that is
+    /// [`transpose_exact`], the rowwise result viewed as the columnwise one.
+    pub fn t(self) -> Self {
+        FakeOperand {
+            values: self.values.t(),
+            factor: self.factor,
+        }
+    }
+}
+
+/// Whether the columnwise fake quantization with `q` of any tensor is exactly the transpose
+/// of its rowwise fake quantization (values and factor), so that one result can serve both
+/// usages: NVFP4 with 16x16 tiles, round-to-nearest, no Hadamard transform and no Four Over
+/// Six (numerics-spec 2.4: the tile scales and the global amax do not depend on the
+/// orientation), and BF16 with round-to-nearest (elementwise). Stochastic rounding is
+/// excluded (its random bits follow the stored layout and the operand's stream), as are the
+/// formats whose blocks run along K (1x16, MX) or that keep per-operand state (FP8).
+///
+/// ```
+/// use quant::qgemm::transpose_exact;
+/// use quant::{BlockShape, GemmPolicy, OperandQuant};
+/// let p = GemmPolicy::nvfp4_paper();
+/// assert!(transpose_exact(&p.fprop.b) && p.fprop.b == p.dgrad.b);
+/// assert!(!transpose_exact(&OperandQuant::nvfp4()));
+/// assert!(transpose_exact(&OperandQuant::BF16));
+/// ```
+pub fn transpose_exact(q: &OperandQuant) -> bool {
+    use crate::config::{BlockShape, Rht, RoundingMode};
+    let plain = q.rht == Rht::Off && q.rounding == RoundingMode::NearestEven;
+    match q.format {
+        QuantFormat::Nvfp4 { four_over_six } => {
+            plain && four_over_six.is_none() && q.block == BlockShape::Tile16
+        }
+        QuantFormat::Bf16 => plain,
+        _ => false,
+    }
+}
+
+/// Fake-quantizes `op` once into `buf` (exactly `outer · K` elements, see
+/// [`Operand::gemm_shape`]) for use in one or more [`quantized_matmul_tn_prequantized`]
+/// calls. The values are those [`quantized_matmul_tn`] would compute for the same operand.
+///
+/// Errors: as [`quantized_matmul_tn`] for the operand; [`QuantError::GemmShape`] when `buf`
+/// has the wrong length.
+///
+/// ```
+/// use quant::qgemm::{fake_operand, quantized_matmul_tn, quantized_matmul_tn_prequantized, Operand};
+/// use quant::{GemmPolicy, Usage};
+/// let p = GemmPolicy::nvfp4_paper();
+/// let x: Vec<f32> = (0..32 * 16).map(|i| (i as f32 * 0.37).sin()).collect();
+/// let w: Vec<f32> = (0..16 * 16).map(|i| (i as f32 * 0.11).cos()).collect();
+/// let mut wq = vec![0.0f32; 16 * 16];
+/// let wf = fake_operand(Operand::new(&w, 16, 16, Usage::Rowwise, &p.fprop.b), &mut wq)?;
+/// let (mut y1, mut y2) = (vec![0.0f32; 32 * 16], vec![0.0f32; 32 * 16]);
+/// let xa = || Operand::new(&x, 32, 16, Usage::Rowwise, &p.fprop.a);
+/// quantized_matmul_tn_prequantized(xa(), wf, &mut y1)?;
+/// quantized_matmul_tn(xa(), Operand::new(&w, 16, 16, Usage::Rowwise, &p.fprop.b), &mut y2)?;
+/// assert_eq!(y1, y2);
+/// # Ok::<(), quant::QuantError>(())
+/// ```
+pub fn fake_operand<'b>(
+    op: Operand<'_>,
+    buf: &'b mut [f32],
+) -> Result<FakeOperand<'b>, QuantError> {
+    crate::panel::check_len(op.data, op.rows, op.cols)?;
+    fake::validate(op.quant, op.usage)?;
+    let (outer, k) = op.gemm_shape();
+    if buf.len() != outer * k {
+        return Err(QuantError::GemmShape(format!(
+            "operand buffer holds {} elements, [{outer}, {k}] needs {}",
+            buf.len(),
+            outer * k
+        )));
+    }
+    let mut op = op;
+    let mut local = QuantState::new();
+    let state = quant_state(&mut op.state, op.quant, &mut local)?;
+    let factor = fake::fake_quantize_into(
+        op.data, op.rows, op.cols, op.usage, op.quant, op.key, state, buf,
+    )?;
+    Ok(FakeOperand {
+        values: MatRef::row_major(buf, outer, k),
+        factor,
+    })
+}
+
+/// [`quantized_matmul_tn`] with operand B already fake-quantized ([`fake_operand`], possibly
+/// transposed with [`FakeOperand::t`]): bit for bit the result of quantizing B in the call
+/// with the same settings.
+///
+/// Errors: as [`quantized_matmul_tn`].
+pub fn quantized_matmul_tn_prequantized(
+    a: Operand<'_>,
+    b: FakeOperand<'_>,
+    out: &mut [f32],
+) -> Result<(), QuantError> {
+    crate::panel::check_len(a.data, a.rows, a.cols)?;
+    fake::validate(a.quant, a.usage)?;
+    let (m, ka) = a.gemm_shape();
+    let (n, kb) = (b.values.rows, b.values.cols);
+    check_shapes(m, ka, n, kb, out)?;
+    let mut ws = WORKSPACE.with(|c| c.take()).unwrap_or_default();
+    let r = prepare(a, &mut ws.a).map(|(av, fa)| finish(av, fa, b.values, b.factor, out));
+    WORKSPACE.with(|c| c.set(Some(ws)));
+    r
+}
+
+fn check_shapes(m: usize, ka: usize, n: usize, kb: usize, out: &[f32]) -> Result<(), QuantError> {
     if ka != kb {
         return Err(QuantError::GemmShape(format!(
             "operand A is [{m}, {ka}] and operand B is [{n}, {kb}]: the reduction dimensions differ"
@@ -158,19 +295,50 @@ pub fn quantized_matmul_tn_with(
             m * n
         )));
     }
-    let k = ka;
-    let GemmWorkspace { a: wa, b: wb } = ws;
-    let (av, fa) = prepare(a, wa)?;
-    let (bv, fb) = prepare(b, wb)?;
+    Ok(())
+}
+
+/// Elements per parallel task of the α epilogue (elementwise, so the result does not depend
+/// on it or on the thread count).
+const EPILOGUE_CHUNK: usize = 1 << 16;
+
+/// `out = α · Â · B̂ᵀ` from the prepared `[M, K]` and `[N, K]` views.
+fn finish(av: MatRef<'_>, fa: f32, bv: MatRef<'_>, fb: f32, out: &mut [f32]) {
     // B̂ᵀ: [K, N].
     sgemm(1.0, av, bv.t(), 0.0, out);
     let alpha = fa * fb;
-    if alpha != 1.0 && k > 0 {
-        // One O(MN) pass on the calling thread (cheaper than waking the rayon pool between
-        // the GEMM's threads and the next step).
-        out.iter_mut().for_each(|v| *v *= alpha);
+    if alpha != 1.0 && av.cols > 0 {
+        // One O(MN) pass; split across the rayon pool only when large.
+        if out.len() >= 2 * EPILOGUE_CHUNK {
+            use rayon::prelude::*;
+            out.par_chunks_mut(EPILOGUE_CHUNK)
+                .for_each(|c| c.iter_mut().for_each(|v| *v *= alpha));
+        } else {
+            out.iter_mut().for_each(|v| *v *= alpha);
+        }
     }
-    Ok(())
+}
+
+/// The operand's delayed-scaling state, or `local` when it needs none.
+fn quant_state<'s>(
+    state: &'s mut Option<&mut QuantState>,
+    q: &OperandQuant,
+    local: &'s mut QuantState,
+) -> Result<&'s mut QuantState, QuantError> {
+    let delayed = matches!(
+        q.format,
+        QuantFormat::Fp8 {
+            scaling: Fp8Scaling::Delayed { .. },
+            ..
+        }
+    );
+    match state.as_deref_mut() {
+        Some(s) => Ok(s),
+        None if delayed => Err(QuantError::InvalidConfig(
+            "a delayed-scaling FP8 operand needs a QuantState".into(),
+        )),
+        None => Ok(local),
+    }
 }
 
 /// The operand as an `[outer, K]` view and its per-tensor factor.
@@ -184,28 +352,23 @@ fn prepare<'a>(op: Operand<'a>, buf: &'a mut Vec<f32>) -> Result<(MatRef<'a>, f3
         };
         return Ok((v, 1.0));
     }
-    let delayed = matches!(
-        op.quant.format,
-        QuantFormat::Fp8 {
-            scaling: Fp8Scaling::Delayed { .. },
-            ..
-        }
-    );
+    let mut op = op;
     let mut local = QuantState::new();
-    let state = match op.state {
-        Some(s) => s,
-        None if delayed => {
-            return Err(QuantError::InvalidConfig(
-                "a delayed-scaling FP8 operand needs a QuantState".into(),
-            ))
-        }
-        None => &mut local,
-    };
+    let state = quant_state(&mut op.state, op.quant, &mut local)?;
     let n = outer * k;
     if buf.len() < n {
         buf.resize(n, 0.0);
     }
     let dst = &mut buf[..n];
+    if let (QuantFormat::Nvfp4 { .. }, Usage::Columnwise) = (op.quant.format, op.usage) {
+        // The same values kept in the source layout and read through a transposed view: the
+        // GEMM packs it like an f32 operand's view (faster than the K-contiguous stored
+        // layout), and the packed operand, hence the product, is the same bit for bit.
+        let f = crate::nvfp4::fake_quantize_columnwise_source_layout(
+            op.data, op.rows, op.cols, op.quant, op.key, dst,
+        )?;
+        return Ok((MatRef::row_major(dst, op.rows, op.cols).t(), f));
+    }
     let f = fake::fake_quantize_into(
         op.data, op.rows, op.cols, op.usage, op.quant, op.key, state, dst,
     )?;

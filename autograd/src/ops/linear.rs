@@ -13,7 +13,11 @@
 //! Hadamard signs) come from a distinct Philox stream per operand role, layer and step: see
 //! [`gemm_stream`]. An all-FP32 policy is bit for bit the plain f32 linear layer.
 
-use quant::qgemm::{quantized_matmul_tn, Operand};
+use quant::gemm::MatRef;
+use quant::qgemm::{
+    fake_operand, quantized_matmul_tn, quantized_matmul_tn_prequantized, transpose_exact,
+    FakeOperand, Operand,
+};
 use quant::{GemmPolicy, QuantState, RngKey, Usage};
 
 use crate::cpu::{add_assign, for_rows, sum_rows};
@@ -197,6 +201,13 @@ impl Graph<'_> {
         let rg = self.needs_grad(&inputs);
         let wp = self.param_index(w);
         let mut y = self.alloc(m * n_out);
+        // Quantize W once for Fprop and Dgrad when the policy gives both the same
+        // transpose-exact quantizer (NVFP4 16x16 RNE, BF16 RNE): the Dgrad operand (Wᵀ) is then
+        // the transpose of the Fprop one, bit for bit (numerics-spec 2.4).
+        let reuse_w = self.needs_grad(&[x])
+            && policy.fprop.b == policy.dgrad.b
+            && transpose_exact(&policy.fprop.b);
+        let mut wq = reuse_w.then(|| self.alloc(n_out * n_in));
         let grad_on = self.grad_enabled();
         let (vals, states, _) = self.parts();
         let mut scratch_state;
@@ -213,27 +224,34 @@ impl Graph<'_> {
         };
         state.policy = Some(*policy);
         let (sa, sb) = st2(state, OperandRole::FpropX, OperandRole::FpropW);
-        quantized_matmul_tn(
-            Operand {
-                data: vals.get(x),
-                rows: m,
-                cols: n_in,
-                usage: Usage::Rowwise,
-                quant: &policy.fprop.a,
-                key: key(seed, stream, OperandRole::FpropX, step)?,
-                state: Some(sa),
-            },
-            Operand {
-                data: vals.get(w),
-                rows: n_out,
-                cols: n_in,
-                usage: Usage::Rowwise,
-                quant: &policy.fprop.b,
-                key: key(seed, stream, OperandRole::FpropW, step)?,
-                state: Some(sb),
-            },
-            y.as_mut_slice(),
-        )?;
+        let xa = Operand {
+            data: vals.get(x),
+            rows: m,
+            cols: n_in,
+            usage: Usage::Rowwise,
+            quant: &policy.fprop.a,
+            key: key(seed, stream, OperandRole::FpropX, step)?,
+            state: Some(sa),
+        };
+        let wb = Operand {
+            data: vals.get(w),
+            rows: n_out,
+            cols: n_in,
+            usage: Usage::Rowwise,
+            quant: &policy.fprop.b,
+            key: key(seed, stream, OperandRole::FpropW, step)?,
+            state: Some(sb),
+        };
+        // The kept W operand: its buffer and per-tensor factor.
+        let mut w_fake: Option<f32> = None;
+        match wq.as_mut() {
+            Some(buf) => {
+                let wf = fake_operand(wb, buf.as_mut_slice())?;
+                w_fake = Some(wf.factor);
+                quantized_matmul_tn_prequantized(xa, wf, y.as_mut_slice())?;
+            }
+            None => quantized_matmul_tn(xa, wb, y.as_mut_slice())?,
+        }
         if let Some(b) = bias {
             let bv = vals.get(b);
             for_rows(
@@ -260,27 +278,38 @@ impl Graph<'_> {
                 let (seed, step) = (ctx.seed, ctx.step);
                 let dgrad = |state: &mut LinearQuantState, out: &mut [f32]| -> Result<()> {
                     let (sa, sb) = st2(state, OperandRole::DgradDy, OperandRole::DgradW);
-                    quantized_matmul_tn(
-                        Operand {
-                            data: dy,
-                            rows: m,
-                            cols: n_out,
-                            usage: Usage::Rowwise,
-                            quant: &policy.dgrad.a,
-                            key: key(seed, stream, OperandRole::DgradDy, step)?,
-                            state: Some(sa),
-                        },
-                        Operand {
-                            data: vals.get(w),
-                            rows: n_out,
-                            cols: n_in,
-                            usage: Usage::Columnwise,
-                            quant: &policy.dgrad.b,
-                            key: key(seed, stream, OperandRole::DgradW, step)?,
-                            state: Some(sb),
-                        },
-                        out,
-                    )?;
+                    let dya = Operand {
+                        data: dy,
+                        rows: m,
+                        cols: n_out,
+                        usage: Usage::Rowwise,
+                        quant: &policy.dgrad.a,
+                        key: key(seed, stream, OperandRole::DgradDy, step)?,
+                        state: Some(sa),
+                    };
+                    match (&wq, w_fake) {
+                        // Wᵀ as the transpose of the Fprop operand (see the forward).
+                        (Some(buf), Some(factor)) => {
+                            let wf = FakeOperand {
+                                values: MatRef::row_major(buf.as_slice(), n_out, n_in),
+                                factor,
+                            };
+                            quantized_matmul_tn_prequantized(dya, wf.t(), out)?;
+                        }
+                        _ => quantized_matmul_tn(
+                            dya,
+                            Operand {
+                                data: vals.get(w),
+                                rows: n_out,
+                                cols: n_in,
+                                usage: Usage::Columnwise,
+                                quant: &policy.dgrad.b,
+                                key: key(seed, stream, OperandRole::DgradW, step)?,
+                                state: Some(sb),
+                            },
+                            out,
+                        )?,
+                    }
                     Ok(())
                 };
                 let wgrad = |state: &mut LinearQuantState, out: &mut [f32]| -> Result<()> {
@@ -337,6 +366,9 @@ impl Graph<'_> {
                     }
                     None => None,
                 };
+                if let Some(buf) = wq {
+                    ctx.pool.give(buf);
+                }
                 if let Some(g) = gx {
                     ctx.put(x, g);
                 }
@@ -592,6 +624,36 @@ mod tests {
         assert_eq!(a, run(&p, &xs, &ws, &r, (t, n_in, n_out), seed, step));
         assert_eq!(a[0], b[0]); // Fprop is RNE
         assert_ne!(a[1], b[1]); // Dgrad's dY is stochastically rounded
+    }
+
+    /// With a transpose-exact W quantizer the layer quantizes W once and uses the transpose
+    /// for Dgrad: bit for bit the requantized columnwise operand, also with padded tiles.
+    #[test]
+    fn reused_weight_operand_equals_requantized() {
+        let (t, n_in, n_out) = (32, 40, 24); // W tiles padded in both dimensions
+        let (xs, ws, r) = data(t, n_in, n_out);
+        let (seed, step) = (5, 2);
+        for policy in [GemmPolicy::nvfp4_paper(), GemmPolicy::BF16] {
+            assert!(quant::qgemm::transpose_exact(&policy.dgrad.b));
+            let [y, dx, _, _] = run(&policy, &xs, &ws, &r, (t, n_in, n_out), seed, step);
+            let (row, col) = (Usage::Rowwise, Usage::Columnwise);
+            let y_ref = hand_gemm(
+                (&xs, t, n_in, row, &policy.fprop.a, OperandRole::FpropX),
+                (&ws, n_out, n_in, row, &policy.fprop.b, OperandRole::FpropW),
+                seed,
+                step,
+                11,
+            );
+            let dx_ref = hand_gemm(
+                (&r, t, n_out, row, &policy.dgrad.a, OperandRole::DgradDy),
+                (&ws, n_out, n_in, col, &policy.dgrad.b, OperandRole::DgradW),
+                seed,
+                step,
+                11,
+            );
+            assert_eq!(y, y_ref, "{policy:?} fprop");
+            assert_eq!(dx, dx_ref, "{policy:?} dgrad");
+        }
     }
 
     #[test]

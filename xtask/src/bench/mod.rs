@@ -173,7 +173,16 @@ pub fn run(args: &[String]) -> Result<()> {
             cargo()
                 .current_dir(&root)
                 .env("CRITERION_HOME", &home)
-                .args(["bench", "-p", "fp-formats", "-p", "quant", "-p", "optim", "--benches"]),
+                .args([
+                    "bench",
+                    "-p",
+                    "fp-formats",
+                    "-p",
+                    "quant",
+                    "-p",
+                    "optim",
+                    "--benches",
+                ]),
         )?;
         metrics.extend(collect::criterion(&home)?);
     }

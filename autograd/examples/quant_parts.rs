@@ -1,0 +1,127 @@
+//! Times the NVFP4 operand quantizations of one linear layer at the step_bench shapes (dev
+//! aid): `cargo run --release -p autograd --example quant_parts -- [reps]`.
+//!
+//! For each operand of `GemmPolicy::nvfp4_paper()` (and BF16 for comparison): the fake
+//! quantization that the emulated GEMM runs (`quant::fake::fake_quantize_into`) on 1- and
+//! 2-thread rayon pools, as the minimum over `reps` runs, in ms and ns per element; then a
+//! memcpy of the same bytes, the f32 GEMM of the layer and the whole emulated Wgrad GEMM
+//! (`quant::qgemm::quantized_matmul_tn`) in FP32 and NVFP4. Environment: `COLD=1` evicts the
+//! caches (64 MiB of writes) before every run, as a training step's GEMMs do; `ONLY=<text>`
+//! runs only the quantizer rows whose name contains the text.
+use std::time::Instant;
+
+use quant::gemm::{sgemm, MatRef};
+use quant::qgemm::{quantized_matmul_tn, Operand};
+use quant::{fake, GemmPolicy, OperandQuant, QuantState, RngKey, Usage};
+
+fn best(reps: usize, mut f: impl FnMut()) -> f64 {
+    let cold = std::env::var_os("COLD").is_some();
+    let mut junk = if cold { vec![1.0f32; 16 << 20] } else { vec![] };
+    let mut b = f64::MAX;
+    for _ in 0..reps {
+        for v in junk.iter_mut() {
+            *v += 1.0;
+        }
+        let t0 = Instant::now();
+        f();
+        b = b.min(t0.elapsed().as_secs_f64());
+    }
+    b
+}
+
+fn main() {
+    let reps: usize = std::env::args()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(20);
+    std::env::set_var("MATMUL_NUM_THREADS", "2");
+    let only = std::env::var("ONLY").ok();
+    let p = GemmPolicy::nvfp4_paper();
+    let (t, d, h) = (2048, 256, 768);
+    let x = autograd::init::normal(2 * t * h, 1.0, 1);
+    let key = RngKey { seed: 1, stream: 9 };
+    let b = OperandQuant::BF16;
+    let cases: [(&str, usize, usize, Usage, OperandQuant); 8] = [
+        ("bf16 row [2048,768]", t, h, Usage::Rowwise, b),
+        ("bf16 col [2048,768]", t, h, Usage::Columnwise, b),
+        ("X row 1x16 [2048,256]", t, d, Usage::Rowwise, p.fprop.a),
+        ("W row 16x16 [768,256]", h, d, Usage::Rowwise, p.fprop.b),
+        ("dY row SR [2048,768]", t, h, Usage::Rowwise, p.dgrad.a),
+        ("W col 16x16 [768,256]", h, d, Usage::Columnwise, p.dgrad.b),
+        (
+            "dY col RHT SR [2048,768]",
+            t,
+            h,
+            Usage::Columnwise,
+            p.wgrad.a,
+        ),
+        ("X col RHT [2048,256]", t, d, Usage::Columnwise, p.wgrad.b),
+    ];
+    for threads in [1, 2] {
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(threads)
+            .build()
+            .unwrap();
+        pool.install(|| {
+            let selected = cases
+                .iter()
+                .filter(|c| only.as_deref().is_none_or(|o| c.0.contains(o)));
+            for (name, r, c, usage, q) in selected {
+                let n = r * c;
+                let mut out = vec![0.0f32; n];
+                let mut st = QuantState::new();
+                let s = best(reps, || {
+                    fake::fake_quantize_into(&x[..n], *r, *c, *usage, q, key, &mut st, &mut out)
+                        .unwrap();
+                });
+                println!(
+                    "{threads}t {name:<28} {:>8.3} ms {:>6.2} ns/elem",
+                    s * 1e3,
+                    s * 1e9 / n as f64
+                );
+            }
+        });
+    }
+    if only.is_some() {
+        return;
+    }
+    let n = t * h;
+    let mut dst = vec![0.0f32; n];
+    let s = best(reps, || {
+        dst.copy_from_slice(std::hint::black_box(&x[..n]));
+        std::hint::black_box(&mut dst);
+    });
+    println!(
+        "memcpy [2048,768]              {:>8.3} ms {:>6.2} ns/elem",
+        s * 1e3,
+        s * 1e9 / n as f64
+    );
+    let (xs, dy) = (&x[..t * d], &x[t * h..2 * t * h]);
+    let mut y = vec![0.0f32; t * h];
+    let s = best(reps, || {
+        sgemm(
+            1.0,
+            MatRef::row_major(xs, t, d),
+            MatRef::row_major(&x[..h * d], h, d).t(),
+            0.0,
+            &mut y,
+        )
+    });
+    println!(
+        "sgemm [2048,256]x[256,768]     {:>8.3} ms ({:.0} GFLOP/s, 2 threads)",
+        s * 1e3,
+        2.0 * (t * d * h) as f64 / s * 1e-9
+    );
+    let mut dw = vec![0.0f32; h * d];
+    for (name, pol) in [("fp32", GemmPolicy::FP32), ("nvfp4", p)] {
+        let s = best(reps, || {
+            quantized_matmul_tn(
+                Operand::new(dy, t, h, Usage::Columnwise, &pol.wgrad.a).with_key(key),
+                Operand::new(xs, t, d, Usage::Columnwise, &pol.wgrad.b).with_key(key),
+                &mut dw,
+            )
+            .unwrap()
+        });
+        println!("Wgrad GEMM {name:<6}              {:>8.3} ms", s * 1e3);
+    }
+}
