@@ -86,42 +86,45 @@ fn quantizers(rounds: usize, rows: usize, cols: usize, out: &mut Vec<Metric>) ->
     let mut fake = vec![0.0f32; x.len()];
     let mut rounded = vec![0.0f32; x.len()];
 
+    // Case names are `crate/kernel`; they become the metric names.
     let mut memcpy = Case::new("memcpy", || copy.copy_from_slice(black_box(&x)));
     let mut cases = vec![
-        Case::new("e2m1_encode_packed", || {
+        Case::new("fp-formats/e2m1_encode_packed", || {
             E2M1::encode_slice_packed(black_box(&x), &mut packed)
         }),
-        Case::new("e4m3_encode_rne_sat", || {
+        Case::new("fp-formats/e4m3_encode_rne_sat", || {
             E4M3::encode_slice_rne_sat(black_box(&x), &mut e4m3)
         }),
-        Case::new("nvfp4_quantize", || {
+        Case::new("fp-formats/nvfp4_quantize", || {
             black_box(fnv::quantize(black_box(&x), rows, cols, Nvfp4Options::default()).unwrap());
         }),
-        Case::new("nvfp4_dequantize", || nv_fmt.dequantize_into(&mut deq)),
-        Case::new("mxfp8_e4m3_quantize", || {
+        Case::new("fp-formats/nvfp4_dequantize", || {
+            nv_fmt.dequantize_into(&mut deq)
+        }),
+        Case::new("fp-formats/mxfp8_e4m3_quantize", || {
             black_box(fmx::quantize(black_box(&x), rows, cols, mx_opts).unwrap());
         }),
-        Case::new("mxfp4_quantize", || {
+        Case::new("fp-formats/mxfp4_quantize", || {
             black_box(fmx::quantize(black_box(&x), rows, cols, mx4_opts).unwrap());
         }),
-        Case::new("nvfp4_row_1x16", || {
+        Case::new("quant/nvfp4_row_1x16", || {
             p1.install(|| {
                 black_box(nvfp4::quantize(&x, rows, cols, Usage::Rowwise, &c.act, KEY).unwrap());
             })
         }),
-        Case::new("nvfp4_col_rht_sr", || {
+        Case::new("quant/nvfp4_col_rht_sr", || {
             p1.install(|| {
                 black_box(
                     nvfp4::quantize(&x, rows, cols, Usage::Columnwise, &c.grad, KEY).unwrap(),
                 );
             })
         }),
-        Case::new("nvfp4_row_16x16", || {
+        Case::new("quant/nvfp4_row_16x16", || {
             p1.install(|| {
                 black_box(nvfp4::quantize(&x, rows, cols, Usage::Rowwise, &c.weight, KEY).unwrap());
             })
         }),
-        Case::new("nvfp4_fake_col_rht_sr", || {
+        Case::new("quant/nvfp4_fake_col_rht_sr", || {
             p1.install(|| {
                 nvfp4::fake_quantize_into(
                     &x,
@@ -135,12 +138,12 @@ fn quantizers(rounds: usize, rows: usize, cols: usize, out: &mut Vec<Metric>) ->
                 .unwrap();
             })
         }),
-        Case::new("mxfp8_rowwise", || {
+        Case::new("quant/mxfp8_rowwise", || {
             p1.install(|| {
                 black_box(mx::quantize(&x, rows, cols, Usage::Rowwise, &mxq, KEY).unwrap());
             })
         }),
-        Case::new("fp8_current", || {
+        Case::new("quant/fp8_current", || {
             p1.install(|| {
                 let mut st = QuantState::new();
                 black_box(
@@ -148,7 +151,7 @@ fn quantizers(rounds: usize, rows: usize, cols: usize, out: &mut Vec<Metric>) ->
                 );
             })
         }),
-        Case::new("fp8_e5m2_current", || {
+        Case::new("quant/fp8_e5m2_current", || {
             p1.install(|| {
                 let mut st = QuantState::new();
                 black_box(
@@ -156,7 +159,7 @@ fn quantizers(rounds: usize, rows: usize, cols: usize, out: &mut Vec<Metric>) ->
                 );
             })
         }),
-        Case::new("bf16_fake_rne", || {
+        Case::new("quant/bf16_fake_rne", || {
             p1.install(|| {
                 bf16::fake_quantize_into(&x, rows, cols, Usage::Rowwise, &bf16q, KEY, &mut rounded)
                     .unwrap();
@@ -174,20 +177,9 @@ fn quantizers(rounds: usize, rows: usize, cols: usize, out: &mut Vec<Metric>) ->
         format!("copy_from_slice of a {rows}x{cols} f32 tensor, one thread"),
     ));
     for &name in r.names() {
-        let crate_name = if name.starts_with("nvfp4_row")
-            || name.starts_with("nvfp4_col")
-            || name.starts_with("nvfp4_fake")
-            || name.starts_with("fp8_")
-            || name.starts_with("bf16_")
-            || name == "mxfp8_rowwise"
-        {
-            "quant"
-        } else {
-            "fp-formats"
-        };
         let (t, spread) = r.speed_vs_reference(name);
         out.push(Metric::ratio(
-            format!("{crate_name}/{name}/vs_memcpy"),
+            format!("{name}/vs_memcpy"),
             t,
             spread,
             Better::Higher,
@@ -196,7 +188,7 @@ fn quantizers(rounds: usize, rows: usize, cols: usize, out: &mut Vec<Metric>) ->
             ),
         ));
         out.push(Metric::absolute(
-            format!("{crate_name}/{name}/gbs"),
+            format!("{name}/gbs"),
             bytes / r.median_secs(name) / 1e9,
             "GB/s",
             Better::Higher,

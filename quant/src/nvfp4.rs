@@ -1103,12 +1103,10 @@ mod tests {
     use super::*;
     use fp_formats::{Overflow, Rounding};
 
-    /// The branch-free SR encoder against the generic bit-level encoder of fp-formats, for
-    /// all 256 random bytes and both signs, on a sweep of [0, 6] (every 40009th f32) plus
-    /// every f32 within 4 ulps of each point `lo + j * step / 256` where the decision
-    /// changes (grid points included).
-    #[test]
-    fn encode_sr_matches_fp_formats() {
+    /// Magnitude bit patterns in [0, 6] where an SR decision can change: every 40009th f32,
+    /// every f32 within 4 ulps of each point `lo + j * step / 256` of the E2M1 grid, the
+    /// smallest subnormals, the smallest normal and 6 itself.
+    pub(super) fn sr_decision_inputs() -> Vec<u32> {
         let six = 6.0f32.to_bits();
         let mut xs: Vec<u32> = (0..=six).step_by(40009).collect();
         let grid = [0.0f32, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0];
@@ -1119,7 +1117,16 @@ mod tests {
             }
         }
         xs.extend([1, 2, 0x0080_0000, six]);
-        for bits in xs {
+        xs
+    }
+
+    /// The branch-free SR encoder against the generic bit-level encoder of fp-formats, for
+    /// all 256 random bytes and both signs, on a sweep of [0, 6] (every 40009th f32) plus
+    /// every f32 within 4 ulps of each point `lo + j * step / 256` where the decision
+    /// changes (grid points included).
+    #[test]
+    fn encode_sr_matches_fp_formats() {
+        for bits in sr_decision_inputs() {
             for sign in [0u32, 0x8000_0000] {
                 let y = f32::from_bits(bits | sign);
                 for r in 0..=255u8 {

@@ -573,55 +573,22 @@ mod tests {
 
     #[test]
     fn quantized_linear_equals_the_hand_assembled_quant_computation() {
-        let (t, n_in, n_out) = (64, 48, 32);
-        let (xs, ws, r) = data(t, n_in, n_out);
+        let dims = (64, 48, 32);
+        let (xs, ws, r) = data(dims.0, dims.1, dims.2);
         let (seed, step) = (7, 3);
         for policy in [GemmPolicy::nvfp4_paper(), GemmPolicy::fp8_current_hybrid()] {
-            let [y, dx, dw, _] = run(&policy, &xs, &ws, &r, (t, n_in, n_out), seed, step);
-            let (row, col) = (Usage::Rowwise, Usage::Columnwise);
-            let y_ref = hand_gemm(
-                (&xs, t, n_in, row, &policy.fprop.a, OperandRole::FpropX),
-                (&ws, n_out, n_in, row, &policy.fprop.b, OperandRole::FpropW),
-                seed,
-                step,
-                11,
-            );
-            let dx_ref = hand_gemm(
-                (&r, t, n_out, row, &policy.dgrad.a, OperandRole::DgradDy),
-                (&ws, n_out, n_in, col, &policy.dgrad.b, OperandRole::DgradW),
-                seed,
-                step,
-                11,
-            );
-            let dw_ref = hand_gemm(
-                (&r, t, n_out, col, &policy.wgrad.a, OperandRole::WgradDy),
-                (&xs, t, n_in, col, &policy.wgrad.b, OperandRole::WgradX),
-                seed,
-                step,
-                11,
-            );
-            assert_eq!(y, y_ref, "{policy:?} fprop");
-            assert_eq!(dx, dx_ref, "{policy:?} dgrad");
-            assert_eq!(dw, dw_ref, "{policy:?} wgrad");
+            let [y, dx, dw, _] = assert_equals_hand_assembled(&policy, dims, seed, step);
             // quantization is real: not the f32 result
-            let [y32, dx32, dw32, _] = run(
-                &GemmPolicy::FP32,
-                &xs,
-                &ws,
-                &r,
-                (t, n_in, n_out),
-                seed,
-                step,
-            );
+            let [y32, dx32, dw32, _] = run(&GemmPolicy::FP32, &xs, &ws, &r, dims, seed, step);
             assert_ne!(y, y32);
             assert_ne!(dx, dx32);
             assert_ne!(dw, dw32);
         }
         // stochastic rounding: the same step replays bit for bit, another step draws new bits
         let p = GemmPolicy::nvfp4_paper();
-        let a = run(&p, &xs, &ws, &r, (t, n_in, n_out), seed, step);
-        let b = run(&p, &xs, &ws, &r, (t, n_in, n_out), seed, step + 1);
-        assert_eq!(a, run(&p, &xs, &ws, &r, (t, n_in, n_out), seed, step));
+        let a = run(&p, &xs, &ws, &r, dims, seed, step);
+        let b = run(&p, &xs, &ws, &r, dims, seed, step + 1);
+        assert_eq!(a, run(&p, &xs, &ws, &r, dims, seed, step));
         assert_eq!(a[0], b[0]); // Fprop is RNE
         assert_ne!(a[1], b[1]); // Dgrad's dY is stochastically rounded
     }
@@ -630,30 +597,51 @@ mod tests {
     /// for Dgrad: bit for bit the requantized columnwise operand, also with padded tiles.
     #[test]
     fn reused_weight_operand_equals_requantized() {
-        let (t, n_in, n_out) = (32, 40, 24); // W tiles padded in both dimensions
-        let (xs, ws, r) = data(t, n_in, n_out);
-        let (seed, step) = (5, 2);
+        let dims = (32, 40, 24); // W tiles padded in both dimensions
         for policy in [GemmPolicy::nvfp4_paper(), GemmPolicy::BF16] {
             assert!(quant::qgemm::transpose_exact(&policy.dgrad.b));
-            let [y, dx, _, _] = run(&policy, &xs, &ws, &r, (t, n_in, n_out), seed, step);
-            let (row, col) = (Usage::Rowwise, Usage::Columnwise);
-            let y_ref = hand_gemm(
-                (&xs, t, n_in, row, &policy.fprop.a, OperandRole::FpropX),
-                (&ws, n_out, n_in, row, &policy.fprop.b, OperandRole::FpropW),
-                seed,
-                step,
-                11,
-            );
-            let dx_ref = hand_gemm(
-                (&r, t, n_out, row, &policy.dgrad.a, OperandRole::DgradDy),
-                (&ws, n_out, n_in, col, &policy.dgrad.b, OperandRole::DgradW),
-                seed,
-                step,
-                11,
-            );
-            assert_eq!(y, y_ref, "{policy:?} fprop");
-            assert_eq!(dx, dx_ref, "{policy:?} dgrad");
+            assert_equals_hand_assembled(&policy, dims, 5, 2);
         }
+    }
+
+    /// Runs the layer (stream 11) under `policy` on `data(dims)` and asserts that its
+    /// Fprop, Dgrad and Wgrad outputs equal the quant GEMMs assembled by hand from the same
+    /// operands, quantizers and random streams; returns the layer's outputs.
+    fn assert_equals_hand_assembled(
+        policy: &GemmPolicy,
+        dims: (usize, usize, usize),
+        seed: u64,
+        step: u64,
+    ) -> [Vec<f32>; 4] {
+        let (t, n_in, n_out) = dims;
+        let (xs, ws, r) = data(t, n_in, n_out);
+        let out = run(policy, &xs, &ws, &r, dims, seed, step);
+        let (row, col) = (Usage::Rowwise, Usage::Columnwise);
+        let y_ref = hand_gemm(
+            (&xs, t, n_in, row, &policy.fprop.a, OperandRole::FpropX),
+            (&ws, n_out, n_in, row, &policy.fprop.b, OperandRole::FpropW),
+            seed,
+            step,
+            11,
+        );
+        let dx_ref = hand_gemm(
+            (&r, t, n_out, row, &policy.dgrad.a, OperandRole::DgradDy),
+            (&ws, n_out, n_in, col, &policy.dgrad.b, OperandRole::DgradW),
+            seed,
+            step,
+            11,
+        );
+        let dw_ref = hand_gemm(
+            (&r, t, n_out, col, &policy.wgrad.a, OperandRole::WgradDy),
+            (&xs, t, n_in, col, &policy.wgrad.b, OperandRole::WgradX),
+            seed,
+            step,
+            11,
+        );
+        assert_eq!(out[0], y_ref, "{policy:?} fprop");
+        assert_eq!(out[1], dx_ref, "{policy:?} dgrad");
+        assert_eq!(out[2], dw_ref, "{policy:?} wgrad");
+        out
     }
 
     #[test]

@@ -778,23 +778,9 @@ mod tests {
 
     #[test]
     fn fake_sr_matches_encoder() {
-        let six = 6.0f32.to_bits();
-        let mut xs: Vec<u32> = (0..=six).step_by(40009).collect();
-        let grid = [0.0f32, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0];
-        for w in grid.windows(2) {
-            for j in 0..256 {
-                let b = (w[0] + (w[1] - w[0]) * j as f32 / 256.0).to_bits();
-                xs.extend(b.saturating_sub(4)..=(b + 4).min(six));
-            }
-        }
-        xs.extend([
-            1,
-            2,
-            0x0080_0000,
-            six,
-            7.0f32.to_bits(),
-            f32::INFINITY.to_bits(),
-        ]);
+        let mut xs = super::super::tests::sr_decision_inputs();
+        // beyond the grid: clamped to 6 before encoding
+        xs.extend([7.0f32.to_bits(), f32::INFINITY.to_bits()]);
         for bits in xs {
             for sign in [0u32, 0x8000_0000] {
                 let y = f32::from_bits(bits | sign);
