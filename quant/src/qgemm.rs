@@ -40,7 +40,7 @@
 
 use std::cell::Cell;
 
-use crate::config::{Fp8Scaling, OperandQuant, QuantFormat, Usage};
+use crate::config::{Fp8Scaling, OperandQuant, QuantFormat, RoundingMode, Usage};
 use crate::gemm::{sgemm, MatRef};
 use crate::{fake, QuantError, QuantState, RngKey};
 
@@ -202,7 +202,7 @@ impl<'a> FakeOperand<'a> {
 /// assert!(transpose_exact(&OperandQuant::BF16));
 /// ```
 pub fn transpose_exact(q: &OperandQuant) -> bool {
-    use crate::config::{BlockShape, Rht, RoundingMode};
+    use crate::config::{BlockShape, Rht};
     let plain = q.rht == Rht::Off && q.rounding == RoundingMode::NearestEven;
     match q.format {
         QuantFormat::Nvfp4 { four_over_six } => {
@@ -366,6 +366,27 @@ fn prepare<'a>(op: Operand<'a>, buf: &'a mut Vec<f32>) -> Result<(MatRef<'a>, f3
         // layout), and the packed operand, hence the product, is the same bit for bit.
         let f = crate::nvfp4::fake_quantize_columnwise_source_layout(
             op.data, op.rows, op.cols, op.quant, op.key, dst,
+        )?;
+        return Ok((MatRef::row_major(dst, op.rows, op.cols).t(), f));
+    }
+    let elementwise_nearest =
+        matches!(op.quant.format, QuantFormat::Bf16 | QuantFormat::Fp8 { .. })
+            && op.quant.rounding == RoundingMode::NearestEven;
+    if op.usage == Usage::Columnwise && elementwise_nearest {
+        // BF16 and per-tensor FP8 round each element on its own (FP8's one scale comes from
+        // the whole tensor's amax, whatever the usage), so the columnwise operand is the
+        // transpose of the rowwise rounding: round in the source layout and read it through
+        // a transposed view, with no transposing copy. Stochastic rounding is excluded: its
+        // random bits are indexed in the stored (transposed) layout.
+        let f = fake::fake_quantize_into(
+            op.data,
+            op.rows,
+            op.cols,
+            Usage::Rowwise,
+            op.quant,
+            op.key,
+            state,
+            dst,
         )?;
         return Ok((MatRef::row_major(dst, op.rows, op.cols).t(), f));
     }

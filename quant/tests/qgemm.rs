@@ -107,6 +107,18 @@ fn quantized_equals_fake_quantize_then_sgemm() {
         ),
         (mixed, mixed, Usage::Rowwise),
         (OperandQuant::BF16, OperandQuant::F32, Usage::Columnwise),
+        // elementwise formats, columnwise: rounded in the source layout, read transposed
+        (
+            OperandQuant::fp8_current(Fp8Element::E4M3),
+            OperandQuant::fp8_current(Fp8Element::E5M2),
+            Usage::Columnwise,
+        ),
+        // ... but not with stochastic rounding (its bits follow the stored layout)
+        (
+            OperandQuant::BF16.with_rounding(RoundingMode::Stochastic),
+            OperandQuant::fp8_current(Fp8Element::E5M2).with_rounding(RoundingMode::Stochastic),
+            Usage::Columnwise,
+        ),
         (
             OperandQuant::mx(MxElement::E2M1, ScaleRule::Rceil).with_rht(Rht::RandomSigns),
             OperandQuant::mx(MxElement::E2M1, ScaleRule::Rceil).with_rht(Rht::RandomSigns),
