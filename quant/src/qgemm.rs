@@ -360,35 +360,40 @@ fn prepare<'a>(op: Operand<'a>, buf: &'a mut Vec<f32>) -> Result<(MatRef<'a>, f3
         buf.resize(n, 0.0);
     }
     let dst = &mut buf[..n];
-    if let (QuantFormat::Nvfp4 { .. }, Usage::Columnwise) = (op.quant.format, op.usage) {
-        // The same values kept in the source layout and read through a transposed view: the
-        // GEMM packs it like an f32 operand's view (faster than the K-contiguous stored
-        // layout), and the packed operand, hence the product, is the same bit for bit.
-        let f = crate::nvfp4::fake_quantize_columnwise_source_layout(
-            op.data, op.rows, op.cols, op.quant, op.key, dst,
-        )?;
-        return Ok((MatRef::row_major(dst, op.rows, op.cols).t(), f));
-    }
-    let elementwise_nearest =
-        matches!(op.quant.format, QuantFormat::Bf16 | QuantFormat::Fp8 { .. })
-            && op.quant.rounding == RoundingMode::NearestEven;
-    if op.usage == Usage::Columnwise && elementwise_nearest {
-        // BF16 and per-tensor FP8 round each element on its own (FP8's one scale comes from
-        // the whole tensor's amax, whatever the usage), so the columnwise operand is the
-        // transpose of the rowwise rounding: round in the source layout and read it through
-        // a transposed view, with no transposing copy. Stochastic rounding is excluded: its
-        // random bits are indexed in the stored (transposed) layout.
-        let f = fake::fake_quantize_into(
-            op.data,
-            op.rows,
-            op.cols,
-            Usage::Rowwise,
-            op.quant,
-            op.key,
-            state,
-            dst,
-        )?;
-        return Ok((MatRef::row_major(dst, op.rows, op.cols).t(), f));
+    if op.usage == Usage::Columnwise {
+        // Where a format allows it, the columnwise operand's values are produced in the
+        // source layout and the GEMM reads them through a transposed view: no transposing
+        // copy, and the GEMM packs the view like an f32 operand's. The packed operand, hence
+        // the product, is the same bit for bit as from the stored (transposed) layout.
+        let nearest = op.quant.rounding == RoundingMode::NearestEven;
+        let source_layout = match op.quant.format {
+            // NVFP4 blocks run along the stored rows; a dedicated pass quantizes them in place.
+            QuantFormat::Nvfp4 { .. } => {
+                Some(crate::nvfp4::fake_quantize_columnwise_source_layout(
+                    op.data, op.rows, op.cols, op.quant, op.key, dst,
+                )?)
+            }
+            // BF16 and per-tensor FP8 round each element on its own (FP8's one scale comes
+            // from the whole tensor's amax, whatever the usage): the rowwise rounding is the
+            // columnwise one transposed. Not with stochastic rounding, whose random bits are
+            // indexed in the stored layout.
+            QuantFormat::Bf16 | QuantFormat::Fp8 { .. } if nearest => {
+                Some(fake::fake_quantize_into(
+                    op.data,
+                    op.rows,
+                    op.cols,
+                    Usage::Rowwise,
+                    op.quant,
+                    op.key,
+                    state,
+                    dst,
+                )?)
+            }
+            _ => None,
+        };
+        if let Some(f) = source_layout {
+            return Ok((MatRef::row_major(dst, op.rows, op.cols).t(), f));
+        }
     }
     let f = fake::fake_quantize_into(
         op.data, op.rows, op.cols, op.usage, op.quant, op.key, state, dst,
