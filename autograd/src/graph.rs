@@ -203,6 +203,27 @@ impl Grad {
     pub(crate) fn slice(&mut self) -> &mut [f32] {
         self.buf.as_mut_slice()
     }
+
+    /// Runs a kernel that can only overwrite its output (`write` fills every element):
+    /// straight into a fresh buffer, otherwise into scratch from `pool` that is then added.
+    pub(crate) fn write_with(
+        &mut self,
+        pool: &mut BufferPool,
+        write: impl FnOnce(&mut [f32]) -> Result<()>,
+    ) -> Result<()> {
+        if self.fresh {
+            write(self.slice())?;
+            self.fresh = false;
+            return Ok(());
+        }
+        let mut tmp = pool.take(self.buf.len());
+        let res = write(tmp.as_mut_slice());
+        if res.is_ok() {
+            crate::cpu::add_assign(self.slice(), tmp.as_slice());
+        }
+        pool.give(tmp);
+        res
+    }
 }
 
 /// Everything a backward closure may touch.

@@ -20,7 +20,7 @@ use quant::qgemm::{
 };
 use quant::{GemmPolicy, QuantState, RngKey, Usage};
 
-use crate::cpu::{add_assign, for_rows, sum_rows};
+use crate::cpu::{for_rows, sum_rows};
 use crate::error::{arg_err, shape_err};
 use crate::graph::backward_fn;
 use crate::{Graph, Result, Tensor};
@@ -337,35 +337,15 @@ impl Graph<'_> {
                     )?;
                     Ok(())
                 };
-                // dX: straight into a fresh gradient buffer, through scratch otherwise
-                let gx = match gx {
-                    Some(mut g) if g.fresh => {
-                        dgrad(state, g.slice())?;
-                        Some(g)
-                    }
-                    Some(mut g) => {
-                        let mut tmp = ctx.pool.take(m * n_in);
-                        dgrad(state, tmp.as_mut_slice())?;
-                        add_assign(g.slice(), tmp.as_slice());
-                        ctx.pool.give(tmp);
-                        Some(g)
-                    }
-                    None => None,
-                };
-                let gw = match gw {
-                    Some(mut g) if g.fresh => {
-                        wgrad(state, g.slice())?;
-                        Some(g)
-                    }
-                    Some(mut g) => {
-                        let mut tmp = ctx.pool.take(n_out * n_in);
-                        wgrad(state, tmp.as_mut_slice())?;
-                        add_assign(g.slice(), tmp.as_slice());
-                        ctx.pool.give(tmp);
-                        Some(g)
-                    }
-                    None => None,
-                };
+                // straight into a fresh gradient buffer, through scratch otherwise
+                let mut gx = gx;
+                if let Some(g) = gx.as_mut() {
+                    g.write_with(ctx.pool, |o| dgrad(state, o))?;
+                }
+                let mut gw = gw;
+                if let Some(g) = gw.as_mut() {
+                    g.write_with(ctx.pool, |o| wgrad(state, o))?;
+                }
                 if let Some(buf) = wq {
                     ctx.pool.give(buf);
                 }
