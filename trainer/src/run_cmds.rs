@@ -71,8 +71,13 @@ pub struct CompareArgs {
     recipes: Vec<String>,
     #[command(flatten)]
     run: RunArgs,
+    /// Seeds per recipe: runs seeds `seed, seed+1, ..., seed+N-1` of every recipe (each
+    /// seed shared by all recipes: same initialisation and data order) and reports means,
+    /// standard deviations and paired gaps to bf16.
+    #[arg(long, default_value_t = 1, value_name = "N")]
+    seeds: u64,
     /// Report directory (default: runs/compare-seed<seed>-<unix time>); each run goes into
-    /// a subdirectory named after its recipe.
+    /// a subdirectory named after its recipe (`<recipe>/seed<k>` with several seeds).
     #[arg(long)]
     out: Option<PathBuf>,
 }
@@ -277,6 +282,9 @@ pub fn run_compare(args: CompareArgs) -> Result<()> {
     if args.recipes.is_empty() {
         bail!("--recipes needs at least one recipe");
     }
+    if args.seeds == 0 {
+        bail!("--seeds must be at least 1");
+    }
     let recipes = args
         .recipes
         .iter()
@@ -285,20 +293,35 @@ pub fn run_compare(args: CompareArgs) -> Result<()> {
     let out = args.out.clone().unwrap_or_else(|| {
         PathBuf::from("runs").join(format!("compare-seed{}-{}", cfg.train.seed, stamp()))
     });
+    let first_seed = cfg.train.seed;
+    let seeds: Vec<u64> = (0..args.seeds)
+        .map(|k| first_seed.checked_add(k).context("seed overflow"))
+        .collect::<Result<_>>()?;
     println!(
-        "comparing {} recipes on {} parameters, {} steps ({} tokens each) -> {}",
+        "comparing {} recipes x {} seed(s) on {} parameters, {} steps ({} tokens each) -> {}",
         recipes.len(),
+        seeds.len(),
         cfg.model.num_params(),
         cfg.train.steps,
         cfg.train.steps * cfg.tokens_per_step(),
         out.display()
     );
     let mut results = Vec::new();
-    for recipe in recipes {
-        let dir = out.join(&recipe.name);
+    // Seed-major order: an interrupted comparison still holds whole seeds of every recipe.
+    for (&seed, recipe) in seeds
+        .iter()
+        .flat_map(|s| recipes.iter().map(move |r| (s, r)))
+    {
+        let dir = if seeds.len() > 1 {
+            out.join(&recipe.name).join(format!("seed{seed}"))
+        } else {
+            out.join(&recipe.name)
+        };
+        let mut run_cfg = cfg.clone();
+        run_cfg.train.seed = seed;
         let mut tr = Trainer::new(
-            cfg.clone(),
-            recipe,
+            run_cfg,
+            recipe.clone(),
             TrainOptions {
                 out: dir.clone(),
                 quiet: args.run.quiet,
@@ -315,17 +338,21 @@ pub fn run_compare(args: CompareArgs) -> Result<()> {
             }
         };
         println!(
-            "{}: final validation loss {:.4}, {:.0} tokens/s, {:.0} s",
+            "{} seed {seed}: final validation loss {:.4}, {:.0} tokens/s, {:.0} s",
             summary.recipe, summary.final_val_loss, summary.tokens_per_s, summary.wall_s
         );
         let metrics = read_metrics(&dir.join("metrics.jsonl"))?;
-        results.push(RunResult { summary, metrics });
+        results.push(RunResult {
+            seed,
+            summary,
+            metrics,
+        });
     }
     if results.is_empty() {
         bail!("no run finished");
     }
     let header = format!(
-        "# Recipe comparison\n\nModel: {} blocks, d_model {}, {} heads, hidden {}, seq {}, batch {} x {} micro-batches; data: {:?}; seed {}.\n\nRun: `trainer compare{}`\n",
+        "# Recipe comparison\n\nModel: {} blocks, d_model {}, {} heads, hidden {}, seq {}, batch {} x {} micro-batches; data: {:?}; {}.\n\nRun: `trainer compare{}`\n",
         cfg.model.n_layers,
         cfg.model.d_model,
         cfg.model.n_heads,
@@ -334,7 +361,11 @@ pub fn run_compare(args: CompareArgs) -> Result<()> {
         cfg.train.batch,
         cfg.train.grad_accum,
         cfg.data,
-        cfg.train.seed,
+        if seeds.len() > 1 {
+            format!("seeds {}..={}", seeds[0], seeds[seeds.len() - 1])
+        } else {
+            format!("seed {first_seed}")
+        },
         std::env::args().skip(2).map(|a| format!(" {a}")).collect::<String>()
     );
     report::write_report(&out, &results, &header)?;

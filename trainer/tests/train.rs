@@ -131,6 +131,7 @@ fn every_builtin_recipe_learns_below_the_unigram_entropy() {
         let metrics = read_metrics(&dir.join("metrics.jsonl")).unwrap();
         assert_eq!(metrics.len(), 80);
         results.push(RunResult {
+            seed: 0,
             summary: s,
             metrics,
         });
