@@ -9,18 +9,32 @@
 #        bash kernels-cuda/gpu-check.sh --prepare
 #      builds the test binaries (lib unit tests, tests/cpu.rs, tests/gpu.rs) and the
 #      gpu_bench example, strips them and puts them in kernels-cuda/gpu-bundle/ (git-ignored,
-#      ~15 MB);
+#      ~12 MB), with BUILD_INFO (build machine, glibc needed, a digest of the sources);
 #   2. on the device, from the repository root, carrying kernels-cuda/gpu-bundle:
 #        bash kernels-cuda/gpu-check.sh
 #      (without a bundle, it builds in place when cargo exists there).
 #
-# Runtime on a 16-core H200 machine: expected 2-4 minutes; the timeouts cap it at ~7 minutes
-# (tests 300 s, bench 120 s), so run it with the device tool's timeout_s=540.
+# Writes to $OUT (default ./gpu-out): summary.txt (everything the README's "GPU results"
+# needs: device, driver, libraries, per-binary results, failures, GEMM error ratios, the
+# benchmark table), tests.log (full test output), bench.txt / bench.json, env.txt.
+#
+# Runtime on a 16-core H200 machine: expected 2-3 minutes; the timeouts cap it at about
+# 7.5 minutes (tests 300 s, bench 150 s), so run it with the device tool's timeout_s=540.
 set -uo pipefail
 
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 CRATE="$ROOT/kernels-cuda"
 BUNDLE="$CRATE/gpu-bundle"
+
+# A digest of everything the bundle is built from (tracked or not), to detect a stale bundle.
+source_digest() {
+  (cd "$ROOT" && find Cargo.toml Cargo.lock kernels-cuda/Cargo.toml kernels-cuda/src \
+      kernels-cuda/tests kernels-cuda/examples kernels-cuda/cuda kernels-cuda/ptx \
+      quant/Cargo.toml quant/src fp-formats/Cargo.toml fp-formats/src \
+      -type f \( -name '*.rs' -o -name '*.toml' -o -name '*.lock' -o -name '*.cu' \
+      -o -name '*.cuh' -o -name '*.ptx' -o -name '*.txt' \) -print0 2>/dev/null \
+    | LC_ALL=C sort -z | xargs -0 sha256sum | sha256sum | cut -d' ' -f1) || true
+}
 
 if [[ "${1:-}" == "--prepare" ]]; then
   set -e
@@ -29,7 +43,8 @@ if [[ "${1:-}" == "--prepare" ]]; then
   rm -rf "$BUNDLE"
   mkdir -p "$BUNDLE"
   echo "== building the kernels-cuda test binaries (test profile)"
-  cargo test -p kernels-cuda --no-run --message-format=json 2>/dev/null \
+  # Compiler messages go to stderr (visible); the JSON artifact list to the filter.
+  cargo test -p kernels-cuda --no-run --message-format=json-render-diagnostics \
     | python3 -c '
 import json, sys
 for line in sys.stdin:
@@ -46,15 +61,24 @@ for line in sys.stdin:
     cp "$exe" "$BUNDLE/test-$name"
   done < "$BUNDLE/.list"
   rm "$BUNDLE/.list"
+  for t in unit cpu gpu; do
+    [[ -x "$BUNDLE/test-$t" ]] || { echo "error: test binary '$t' was not built" >&2; exit 1; }
+  done
   echo "== building the gpu_bench example (release)"
   cargo build -p kernels-cuda --release --example gpu_bench
   cp "$TARGET/release/examples/gpu_bench" "$BUNDLE/gpu_bench"
   strip --strip-debug "$BUNDLE"/test-* "$BUNDLE/gpu_bench" 2>/dev/null || true
+  glibc_needed=$( (objdump -T "$BUNDLE"/test-* "$BUNDLE/gpu_bench" 2>/dev/null || true) \
+    | grep -oE 'GLIBC_[0-9]+\.[0-9]+(\.[0-9]+)?' | sort -uV | tail -1) || true
   {
     echo "built: $(date -u +%Y-%m-%dT%H:%M:%SZ) on $(uname -m), $(ldd --version | head -1)"
-    echo "git: $(git -C "$ROOT" rev-parse HEAD 2>/dev/null || echo '?') (working tree may differ)"
+    echo "glibc needed: ${glibc_needed:-unknown}"
+    echo "rustc: $(rustc --version 2>/dev/null || echo '?')"
+    echo "git: $(git -C "$ROOT" rev-parse HEAD 2>/dev/null || echo '?'), $(git -C "$ROOT" status --porcelain 2>/dev/null | wc -l) paths changed or untracked"
+    echo "sources: $(source_digest)"
     echo "ptx manifest sha256: $(sha256sum "$CRATE/ptx/manifest.toml" | cut -d' ' -f1)"
   } > "$BUNDLE/BUILD_INFO"
+  cat "$BUNDLE/BUILD_INFO"
   ls -la "$BUNDLE"
   du -sh "$BUNDLE"
   exit 0
@@ -71,29 +95,77 @@ status=0
 note() { echo "$*" | tee -a "$SUMMARY"; }
 T0=$(date +%s)
 
-# cuBLAS, cuBLASLt and NVRTC come from the image's Python nvidia wheels (toolchain.md 1.5);
-# the driver (libcuda.so.1) from the system.
-SP=$(python3 -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])' 2>/dev/null || true)
-if [[ -n "$SP" && -d "$SP/nvidia" ]]; then
-  WHEEL_LIBS=$(find "$SP/nvidia" -name 'lib*.so*' -printf '%h\n' | sort -u | paste -sd:)
-  export LD_LIBRARY_PATH="$WHEEL_LIBS${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-fi
+# cuBLASLt (and cuBLAS, NVRTC) come from the image's Python nvidia wheels (toolchain.md 1.5):
+# every site-packages directory python3 knows, then the toolkit's lib64 as a fallback. Stub
+# directories are left out: a stub libcuda.so found before the driver's libcuda.so.1 would
+# make cuInit fail and every test skip. The driver itself (libcuda.so.1) comes from the system.
+LIBDIRS=""
+SITES=$(python3 -c 'import site, sys, sysconfig
+p = [sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]]
+try: p += site.getsitepackages()
+except Exception: pass
+print("\n".join(dict.fromkeys(x for x in p + sys.path if x)))' 2>/dev/null || true)
+while read -r sp; do
+  [[ -n "$sp" && -d "$sp/nvidia" ]] || continue
+  d=$(find "$sp/nvidia" -name 'lib*.so*' -not -path '*/stubs/*' -printf '%h\n' 2>/dev/null | sort -u | paste -sd:)
+  [[ -n "$d" ]] && LIBDIRS="${LIBDIRS:+$LIBDIRS:}$d"
+done <<< "$SITES"
+for d in /usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib; do
+  [[ -d "$d" ]] && LIBDIRS="${LIBDIRS:+$LIBDIRS:}$d"
+done
+[[ -n "$LIBDIRS" ]] && export LD_LIBRARY_PATH="$LIBDIRS${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+
+# Where each library the tests dlopen() would come from (first match on LD_LIBRARY_PATH,
+# else the loader cache).
+find_lib() {
+  local IFS=: d
+  for d in ${LD_LIBRARY_PATH:-}; do
+    for f in "$d"/$1; do [[ -e "$f" ]] && { echo "$f"; return; }; done
+  done
+  ldconfig -p 2>/dev/null | grep -oE "/[^ ]*/$1" | head -1
+}
 {
   echo "date: $(date -u +%Y-%m-%dT%H:%M:%SZ)"
-  nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv 2>&1
+  echo "host: $(uname -a)"
+  grep -E '^PRETTY_NAME=' /etc/os-release 2>/dev/null
+  echo "glibc: $(ldd --version 2>&1 | head -1)"
+  echo "cpus: $(nproc 2>/dev/null)"
+  nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.max.sm,clocks.mem,power.limit --format=csv 2>&1
+  echo "python3: $(command -v python3) ($(python3 --version 2>&1))"
   echo "LD_LIBRARY_PATH=${LD_LIBRARY_PATH:-}"
-  ls -1 "$BUNDLE" 2>/dev/null
+  for l in 'libcuda.so' 'libcuda.so.1' 'libcublasLt.so' 'libcublasLt.so.13' 'libnvrtc.so.13'; do
+    echo "$l -> $(find_lib "$l")"
+  done
+  echo "libcuda* inside the added directories (a stub here would shadow the driver):"
+  IFS=: read -ra dirs <<< "$LIBDIRS"
+  for d in "${dirs[@]}"; do ls "$d"/libcuda.so* 2>/dev/null; done
+  echo "bundle:"
+  ls -l "$BUNDLE" 2>/dev/null
   cat "$BUNDLE/BUILD_INFO" 2>/dev/null
 } > "$OUT/env.txt" 2>&1
-note "GPU: $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>&1 | head -1)"
+note "GPU: $(nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>&1 | head -1)"
+note "libcuda.so.1: $(find_lib libcuda.so.1); libcublasLt.so.13: $(find_lib libcublasLt.so.13)"
+[[ -z "$(find_lib libcublasLt.so.13)" ]] && note "WARNING: libcublasLt.so.13 not found: the GEMM tests will fail"
 
 if [[ -x "$BUNDLE/test-gpu" ]]; then
-  note "using the prebuilt bundle: $(head -1 "$BUNDLE/BUILD_INFO" 2>/dev/null)"
+  note "using the prebuilt bundle: $(head -2 "$BUNDLE/BUILD_INFO" 2>/dev/null | paste -sd';')"
+  want=$(grep -E '^sources: ' "$BUNDLE/BUILD_INFO" 2>/dev/null | cut -d' ' -f2)
+  have=$(source_digest)
+  if [[ "$want" != "$have" ]]; then
+    note "WARNING: the bundle was built from other sources than this tree (BUILD_INFO $want, tree $have): rerun --prepare"
+  fi
 elif command -v cargo >/dev/null 2>&1; then
   note "no bundle; cargo found: building in place"
   ( cd "$ROOT" && bash "$CRATE/gpu-check.sh" --prepare ) > "$OUT/build.log" 2>&1 || { note "FAIL: build (see build.log)"; status=1; }
 else
   note "FAIL: no prebuilt bundle and no cargo: run 'bash kernels-cuda/gpu-check.sh --prepare' on a CPU machine and carry kernels-cuda/gpu-bundle"
+  exit 1
+fi
+
+# Can the carried binaries run here at all (glibc, loader)?
+if ! probe_out=$("$BUNDLE/test-unit" --list 2>&1 >/dev/null); then
+  note "FAIL: the bundle's binaries do not start here: $(echo "$probe_out" | head -3)"
+  note "      (built against $(grep -E '^glibc needed' "$BUNDLE/BUILD_INFO" 2>/dev/null); here: $(ldd --version 2>&1 | head -1))"
   exit 1
 fi
 
@@ -109,27 +181,35 @@ for t in unit cpu gpu; do
     status=1
     continue
   fi
-  echo "===== test-$t" >> "$TESTLOG"
+  part="$OUT/.test-$t.log"
   t1=$(date +%s)
-  ( cd "$CRATE" && timeout 300 "$exe" --test-threads=1 --nocapture ) >> "$TESTLOG" 2>&1
+  ( cd "$CRATE" && timeout 300 "$exe" --test-threads=1 --nocapture ) > "$part" 2>&1
   rc=$?
-  result=$(grep -E '^test result:' "$TESTLOG" | tail -1)
-  note "test-$t: exit $rc in $(( $(date +%s) - t1 )) s; $result"
+  { echo "===== test-$t (exit $rc)"; cat "$part"; } >> "$TESTLOG"
+  result=$(grep -E '^test result:' "$part" | tail -1)
+  note "test-$t: exit $rc in $(( $(date +%s) - t1 )) s; ${result:-no result line}"
+  [[ $rc -eq 124 ]] && note "FAIL: test-$t timed out after 300 s"
   [[ $rc -ne 0 ]] && status=1
+  rm -f "$part"
 done
-grep -E '^test .* FAILED$|panicked at' "$TESTLOG" | head -20 | tee -a "$SUMMARY"
+grep -E '^GPU: ' "$TESTLOG" | sort -u | tee -a "$SUMMARY"
+grep -E '^test .* FAILED$' "$TESTLOG" | head -30 | tee -a "$SUMMARY"
+grep -A3 'panicked at' "$TESTLOG" | grep -vE '^(stack backtrace:|   [0-9]+: )' | head -60 | tee -a "$SUMMARY"
 if grep -qE 'SKIP [a-z0-9_]+: ' "$TESTLOG"; then
   note "FAIL: tests skipped on a GPU machine:"
   grep -oE 'SKIP [a-z0-9_]+: .*' "$TESTLOG" | head -5 | tee -a "$SUMMARY"
   status=1
 fi
 grep -E 'worst \|diff\|' "$TESTLOG" | tee -a "$SUMMARY"
+note "per-test start times (test-gpu):"
+grep -E '^\[ *[0-9.]+ s\] start ' "$TESTLOG" | tee -a "$SUMMARY"
 
 if [[ -x "$BUNDLE/gpu_bench" ]]; then
   t1=$(date +%s)
-  timeout 120 "$BUNDLE/gpu_bench" --json "$OUT/bench.json" > "$OUT/bench.txt" 2>&1
+  timeout 150 "$BUNDLE/gpu_bench" --json "$OUT/bench.json" > "$OUT/bench.txt" 2>&1
   rc=$?
   note "gpu_bench: exit $rc in $(( $(date +%s) - t1 )) s"
+  [[ $rc -eq 124 ]] && note "FAIL: gpu_bench timed out after 150 s"
   [[ $rc -ne 0 ]] && status=1
   if grep -q '^SKIP' "$OUT/bench.txt"; then
     note "FAIL: the benchmark skipped on a GPU machine"

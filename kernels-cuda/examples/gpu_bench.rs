@@ -5,11 +5,15 @@
 //! cargo run -p kernels-cuda --release --example gpu_bench -- [--json PATH] [--size N] [--hbm-gbs 4800]
 //! ```
 //!
-//! Times are CUDA-event medians of 20 launches after 3 warm-ups. A quantizer's bytes are the
+//! Timing: after 3 warm-up calls, 5 batches of back-to-back calls, each batch between two
+//! CUDA events on the stream (so host launch overhead overlaps GPU work, as in training);
+//! the reported time per call is the median batch's average. A quantizer's bytes are the
 //! minimum it must move (input read once, codes and scales written once), so "of HBM" is the
 //! fraction of the bandwidth ceiling reached; NVFP4 and FP8 read the input twice (amax pass,
-//! then the cast), which caps them near 1/2 of the ceiling plus the write share.
-//! Without a GPU it prints a SKIP line and exits successfully.
+//! then the cast), which caps them near 1/2 of the ceiling plus the write share. A device to
+//! device copy of the input is measured first as the achievable ceiling ("of copy").
+//! Each measurement that fails prints an error line and the run continues; the exit status is
+//! 1 if any failed. Without a GPU it prints a SKIP line and exits successfully.
 
 use std::fmt::Write as _;
 
@@ -24,7 +28,7 @@ struct Args {
     hbm_gbs: f64,
 }
 
-fn parse() -> Args {
+fn parse() -> std::result::Result<Args, String> {
     let mut a = Args {
         json: None,
         size: 8192,
@@ -33,42 +37,50 @@ fn parse() -> Args {
     let mut it = std::env::args().skip(1);
     while let Some(arg) = it.next() {
         match arg.as_str() {
-            "--json" => a.json = it.next(),
-            "--size" => a.size = it.next().and_then(|s| s.parse().ok()).expect("--size N"),
-            "--hbm-gbs" => a.hbm_gbs = it.next().and_then(|s| s.parse().ok()).expect("--hbm-gbs X"),
-            other => panic!("unknown argument {other}"),
+            "--json" => a.json = Some(it.next().ok_or("--json PATH")?),
+            "--size" => a.size = it.next().and_then(|s| s.parse().ok()).ok_or("--size N")?,
+            "--hbm-gbs" => {
+                a.hbm_gbs = it
+                    .next()
+                    .and_then(|s| s.parse().ok())
+                    .ok_or("--hbm-gbs X")?
+            }
+            other => return Err(format!("unknown argument {other}")),
         }
     }
-    a
+    Ok(a)
 }
 
-/// Median milliseconds of `iters` timed runs of `f` (after 3 warm-ups), with CUDA events.
-fn time_ms(g: &GpuContext, iters: usize, mut f: impl FnMut() -> Result<()>) -> Result<f64> {
+/// Milliseconds per call of `f`: 3 warm-up calls, then 5 batches of `batch` back-to-back
+/// calls between two CUDA events; the median batch's average.
+fn time_ms(g: &GpuContext, batch: usize, mut f: impl FnMut() -> Result<()>) -> Result<f64> {
     for _ in 0..3 {
         f()?;
     }
     g.synchronize()?;
-    let mut ms = Vec::with_capacity(iters);
-    for _ in 0..iters {
-        let start = g
-            .context()
-            .new_event(Some(CUevent_flags::CU_EVENT_DEFAULT))?;
-        let end = g
-            .context()
-            .new_event(Some(CUevent_flags::CU_EVENT_DEFAULT))?;
+    let ctx = g.context();
+    let mut ms = Vec::with_capacity(5);
+    for _ in 0..5 {
+        let start = ctx.new_event(Some(CUevent_flags::CU_EVENT_DEFAULT))?;
+        let end = ctx.new_event(Some(CUevent_flags::CU_EVENT_DEFAULT))?;
         start.record(g.stream())?;
-        f()?;
+        for _ in 0..batch {
+            f()?;
+        }
         end.record(g.stream())?;
         end.synchronize()?;
-        ms.push(start.elapsed_ms(&end)? as f64);
+        ms.push(start.elapsed_ms(&end)? as f64 / batch as f64);
     }
     ms.sort_by(|a, b| a.total_cmp(b));
-    Ok(ms[iters / 2])
+    Ok(ms[ms.len() / 2])
 }
 
 struct Report {
     text: String,
     json: Vec<String>,
+    hbm: f64,
+    copy_gbs: Option<f64>,
+    failed: usize,
 }
 
 impl Report {
@@ -77,6 +89,54 @@ impl Report {
         self.text.push_str(&s);
         self.text.push('\n');
     }
+
+    /// Records `name`'s result, or its error (and continues).
+    fn item(&mut self, name: &str, r: Result<()>) {
+        if let Err(e) = r {
+            self.failed += 1;
+            self.line(format!("{name:<46} ERROR: {e}"));
+            self.json.push(format!(
+                "{{\"kind\":\"error\",\"name\":\"{name}\",\"error\":\"{}\"}}",
+                json_escape(&e.to_string())
+            ));
+        }
+    }
+
+    fn bandwidth(&mut self, name: &str, ms: f64, bytes: usize, note: &str) {
+        let gbs = bytes as f64 / (ms * 1e-3) / 1e9;
+        let of_copy = self.copy_gbs.map_or(String::new(), |c| {
+            format!(" {:>6.1}% of copy", 100.0 * gbs / c)
+        });
+        self.line(format!(
+            "{name:<46} {ms:>9.4} ms {gbs:>9.1} GB/s {:>6.1}% of HBM{of_copy}{note}",
+            100.0 * gbs / self.hbm
+        ));
+        self.json.push(format!(
+            "{{\"kind\":\"bandwidth\",\"name\":\"{name}\",\"ms\":{ms:.5},\"bytes\":{bytes},\"gbs\":{gbs:.2},\"hbm_fraction\":{:.4}}}",
+            gbs / self.hbm
+        ));
+    }
+
+    fn gemm(&mut self, name: &str, m: usize, n: usize, k: usize, ms: f64) {
+        let tflops = 2.0 * m as f64 * n as f64 * k as f64 / (ms * 1e-3) / 1e12;
+        self.line(format!(
+            "{name:<46} {ms:>9.4} ms {tflops:>9.1} TFLOP/s  ({m}x{n}x{k})"
+        ));
+        self.json.push(format!(
+            "{{\"kind\":\"gemm\",\"name\":\"{name}\",\"m\":{m},\"n\":{n},\"k\":{k},\"ms\":{ms:.5},\"tflops\":{tflops:.2}}}"
+        ));
+    }
+}
+
+fn json_escape(s: &str) -> String {
+    s.chars()
+        .flat_map(|c| match c {
+            '"' => vec!['\\', '"'],
+            '\\' => vec!['\\', '\\'],
+            c if (c as u32) < 0x20 => vec![' '],
+            c => vec![c],
+        })
+        .collect()
 }
 
 fn out_bytes(t: &DeviceQuantized) -> usize {
@@ -86,35 +146,43 @@ fn out_bytes(t: &DeviceQuantized) -> usize {
 fn bench_job(
     g: &GpuContext,
     r: &mut Report,
-    hbm: f64,
-    name: &str,
     in_bytes: usize,
     mut job: QuantJob<'_>,
     state: &mut QuantState,
+    name: &str,
 ) -> Result<()> {
     let ms = time_ms(g, 20, || job.launch())?;
     let (a, b) = job.finish_fp8(state)?;
     let bytes = in_bytes + a.as_ref().map_or(0, out_bytes) + b.as_ref().map_or(0, out_bytes);
-    let gbs = bytes as f64 / (ms * 1e-3) / 1e9;
-    r.line(format!(
-        "{name:<46} {ms:>9.3} ms {gbs:>9.1} GB/s {:>6.1}% of HBM",
-        100.0 * gbs / hbm
-    ));
-    r.json.push(format!(
-        "{{\"kind\":\"quantize\",\"name\":\"{name}\",\"ms\":{ms:.5},\"bytes\":{bytes},\"gbs\":{gbs:.2},\"hbm_fraction\":{:.4}}}",
-        gbs / hbm
-    ));
+    r.bandwidth(name, ms, bytes, "");
     Ok(())
 }
 
-fn gemm_line(r: &mut Report, name: &str, m: usize, n: usize, k: usize, ms: f64) {
-    let tflops = 2.0 * m as f64 * n as f64 * k as f64 / (ms * 1e-3) / 1e12;
-    r.line(format!(
-        "{name:<46} {ms:>9.3} ms {tflops:>9.1} TFLOP/s  ({m}x{n}x{k})"
-    ));
-    r.json.push(format!(
-        "{{\"kind\":\"gemm\",\"name\":\"{name}\",\"m\":{m},\"n\":{n},\"k\":{k},\"ms\":{ms:.5},\"tflops\":{tflops:.2}}}"
-    ));
+/// The driver and cuBLASLt versions and the shared libraries actually loaded.
+fn environment(r: &mut Report) {
+    let mut v = 0i32;
+    // SAFETY: writes one int; the driver is loaded (probe succeeded).
+    let dv = unsafe { cudarc::driver::sys::cuDriverGetVersion(&mut v) };
+    r.line(format!("CUDA driver API version: {v} ({dv:?})"));
+    // SAFETY: dlopen() probing only, then a version query of the loaded library.
+    if unsafe { cudarc::cublaslt::sys::is_culib_present() } {
+        let lt = unsafe { cudarc::cublaslt::sys::cublasLtGetVersion() };
+        r.line(format!("cuBLASLt version: {lt}"));
+    } else {
+        r.line("cuBLASLt: not found (libcublasLt.so.13 not on the library path)".into());
+    }
+    if let Ok(maps) = std::fs::read_to_string("/proc/self/maps") {
+        let mut libs: Vec<&str> = maps
+            .lines()
+            .filter_map(|l| l.split_whitespace().nth(5))
+            .filter(|p| p.contains("libcuda") || p.contains("libcublas") || p.contains("libnvrtc"))
+            .collect();
+        libs.sort_unstable();
+        libs.dedup();
+        for l in libs {
+            r.line(format!("loaded: {l}"));
+        }
+    }
 }
 
 fn data(n: usize, seed: u64) -> Vec<f32> {
@@ -131,7 +199,6 @@ fn data(n: usize, seed: u64) -> Vec<f32> {
 }
 
 fn run(g: &GpuContext, args: &Args, r: &mut Report) -> Result<()> {
-    let hbm = args.hbm_gbs;
     let n = args.size;
     r.line(format!(
         "device: {} (cc {:?}, PTX {})",
@@ -140,8 +207,9 @@ fn run(g: &GpuContext, args: &Args, r: &mut Report) -> Result<()> {
         g.arch().tag()
     ));
     r.line(format!(
-        "quantizers on a {n}x{n} f32 tensor ({} MB); HBM ceiling {hbm} GB/s",
-        (n * n * 4) >> 20
+        "quantizers on a {n}x{n} f32 tensor ({} MB); HBM ceiling {} GB/s",
+        (n * n * 4) >> 20,
+        r.hbm
     ));
     let x = g.upload(&data(n * n, 1), n, n)?;
     let in_bytes = n * n * 4;
@@ -151,6 +219,21 @@ fn run(g: &GpuContext, args: &Args, r: &mut Report) -> Result<()> {
     };
     let st = &mut QuantState::new();
 
+    // The achievable ceiling: a device-to-device copy of the input (read + write).
+    let res = (|| {
+        // SAFETY: fully overwritten by the copy before anything reads it.
+        let mut y = unsafe { g.stream().alloc::<f32>(n * n)? };
+        let ms = time_ms(g, 20, || Ok(g.stream().memcpy_dtod(&x.data, &mut y)?))?;
+        r.bandwidth("device-to-device copy (read + write)", ms, 2 * in_bytes, "");
+        r.copy_gbs = Some(2.0 * in_bytes as f64 / (ms * 1e-3) / 1e9);
+        Ok(())
+    })();
+    r.item("device-to-device copy", res);
+
+    let res = time_ms(g, 20, || g.amax(&x).map(|_| ()))
+        .map(|ms| r.bandwidth("amax", ms, in_bytes, " (incl. a 16-byte readback + sync)"));
+    r.item("amax", res);
+
     let nv = OperandQuant::nvfp4();
     let nv_sr = nv.with_rounding(RoundingMode::Stochastic);
     let nv_col = nv_sr.with_rht(Rht::FixedSigns);
@@ -159,121 +242,63 @@ fn run(g: &GpuContext, args: &Args, r: &mut Report) -> Result<()> {
     let mx4 = OperandQuant::mx(MxElement::E2M1, ScaleRule::Rceil);
     let f8 = OperandQuant::fp8_current(Fp8Element::E4M3);
 
-    let amax_ms = time_ms(g, 20, || g.amax(&x).map(|_| ()))?;
-    let gbs = in_bytes as f64 / (amax_ms * 1e-3) / 1e9;
-    r.line(format!(
-        "{:<46} {amax_ms:>9.3} ms {gbs:>9.1} GB/s {:>6.1}% of HBM (incl. 4-byte readback)",
-        "amax",
-        100.0 * gbs / hbm
-    ));
-    r.json.push(format!(
-        "{{\"kind\":\"quantize\",\"name\":\"amax\",\"ms\":{amax_ms:.5},\"gbs\":{gbs:.2}}}"
-    ));
+    type Prep<'a> = Box<dyn Fn(&mut QuantState) -> Result<QuantJob<'a>> + 'a>;
+    let jobs: Vec<(&str, Prep<'_>)> = vec![
+        (
+            "NVFP4 rowwise 1x16 RNE",
+            Box::new(|_| g.prepare_nvfp4(&x, Some((&nv, key)), None)),
+        ),
+        (
+            "NVFP4 rowwise 1x16 SR",
+            Box::new(|_| g.prepare_nvfp4(&x, Some((&nv_sr, key)), None)),
+        ),
+        (
+            "NVFP4 columnwise 1x16 SR + RHT",
+            Box::new(|_| g.prepare_nvfp4(&x, None, Some((&nv_col, key)))),
+        ),
+        (
+            "NVFP4 cast+transpose (SR | SR + RHT)",
+            Box::new(|_| g.prepare_nvfp4(&x, Some((&nv_sr, key)), Some((&nv_col, key)))),
+        ),
+        (
+            "NVFP4 cast+transpose 16x16 weights",
+            Box::new(|_| g.prepare_nvfp4(&x, Some((&w16, key)), Some((&w16, key)))),
+        ),
+        (
+            "MXFP8 rowwise RCEIL",
+            Box::new(|_| g.prepare_mx(&x, Some((&mx8, key)), None)),
+        ),
+        (
+            "MXFP8 cast+transpose RCEIL",
+            Box::new(|_| g.prepare_mx(&x, Some((&mx8, key)), Some((&mx8, key)))),
+        ),
+        (
+            "MXFP4 rowwise RCEIL",
+            Box::new(|_| g.prepare_mx(&x, Some((&mx4, key)), None)),
+        ),
+        (
+            "FP8 E4M3 rowwise (current scaling)",
+            Box::new(|s| g.prepare_fp8(&x, Some((&f8, key)), None, s)),
+        ),
+        (
+            "FP8 E4M3 cast+transpose",
+            Box::new(|s| g.prepare_fp8(&x, Some((&f8, key)), Some((&f8, key)), s)),
+        ),
+    ];
+    for (name, prep) in &jobs {
+        let res = prep(st).and_then(|job| bench_job(g, r, in_bytes, job, st, name));
+        r.item(name, res);
+    }
+    drop(jobs);
 
-    bench_job(
-        g,
-        r,
-        hbm,
-        "NVFP4 rowwise 1x16 RNE",
-        in_bytes,
-        g.prepare_nvfp4(&x, Some((&nv, key)), None)?,
-        st,
-    )?;
-    bench_job(
-        g,
-        r,
-        hbm,
-        "NVFP4 rowwise 1x16 SR",
-        in_bytes,
-        g.prepare_nvfp4(&x, Some((&nv_sr, key)), None)?,
-        st,
-    )?;
-    bench_job(
-        g,
-        r,
-        hbm,
-        "NVFP4 columnwise 1x16 SR + RHT",
-        in_bytes,
-        g.prepare_nvfp4(&x, None, Some((&nv_col, key)))?,
-        st,
-    )?;
-    bench_job(
-        g,
-        r,
-        hbm,
-        "NVFP4 cast+transpose (SR | SR + RHT)",
-        in_bytes,
-        g.prepare_nvfp4(&x, Some((&nv_sr, key)), Some((&nv_col, key)))?,
-        st,
-    )?;
-    bench_job(
-        g,
-        r,
-        hbm,
-        "NVFP4 cast+transpose 16x16 weights",
-        in_bytes,
-        g.prepare_nvfp4(&x, Some((&w16, key)), Some((&w16, key)))?,
-        st,
-    )?;
-    bench_job(
-        g,
-        r,
-        hbm,
-        "MXFP8 rowwise RCEIL",
-        in_bytes,
-        g.prepare_mx(&x, Some((&mx8, key)), None)?,
-        st,
-    )?;
-    bench_job(
-        g,
-        r,
-        hbm,
-        "MXFP8 cast+transpose RCEIL",
-        in_bytes,
-        g.prepare_mx(&x, Some((&mx8, key)), Some((&mx8, key)))?,
-        st,
-    )?;
-    bench_job(
-        g,
-        r,
-        hbm,
-        "MXFP4 rowwise RCEIL",
-        in_bytes,
-        g.prepare_mx(&x, Some((&mx4, key)), None)?,
-        st,
-    )?;
-    bench_job(
-        g,
-        r,
-        hbm,
-        "FP8 E4M3 rowwise (current scaling)",
-        in_bytes,
-        g.prepare_fp8(&x, Some((&f8, key)), None, st)?,
-        st,
-    )?;
-    bench_job(
-        g,
-        r,
-        hbm,
-        "FP8 E4M3 cast+transpose",
-        in_bytes,
-        g.prepare_fp8(&x, Some((&f8, key)), Some((&f8, key)), st)?,
-        st,
-    )?;
-
-    let t = g.quantize_nvfp4(&x, quant::Usage::Rowwise, &nv, key)?;
-    let ms = time_ms(g, 20, || g.dequantize(&t).map(|_| ()))?;
-    let bytes = out_bytes(&t) + in_bytes;
-    let gbs = bytes as f64 / (ms * 1e-3) / 1e9;
-    r.line(format!(
-        "{:<46} {ms:>9.3} ms {gbs:>9.1} GB/s {:>6.1}% of HBM",
-        "NVFP4 dequantize to f32",
-        100.0 * gbs / hbm
-    ));
-    r.json.push(format!(
-        "{{\"kind\":\"quantize\",\"name\":\"nvfp4 dequantize\",\"ms\":{ms:.5},\"gbs\":{gbs:.2}}}"
-    ));
-    drop(t);
+    let res = (|| {
+        let t = g.quantize_nvfp4(&x, quant::Usage::Rowwise, &nv, key)?;
+        let ms = time_ms(g, 20, || g.dequantize(&t).map(|_| ()))?;
+        r.bandwidth("NVFP4 dequantize to f32", ms, out_bytes(&t) + in_bytes, "");
+        Ok(())
+    })();
+    r.item("NVFP4 dequantize to f32", res);
+    drop(x);
 
     // GEMMs: M = N = K = size.
     let (m, nn, k) = (n, n, n);
@@ -281,59 +306,67 @@ fn run(g: &GpuContext, args: &Args, r: &mut Report) -> Result<()> {
     let b = g.upload(&data(nn * k, 3), nn, k)?;
     r.line("GEMMs, out[M,N] = A[M,K] B[N,K]^T, f32 output unless noted".to_string());
     let (ab, bb) = (g.to_bf16(&a.data)?, g.to_bf16(&b.data)?);
-    let ms = time_ms(g, 20, || {
+    let res = time_ms(g, 10, || {
         g.gemm_bf16_f32(&ab, &bb, m, nn, k, 1.0).map(|_| ())
-    })?;
-    gemm_line(r, "BF16 (cuBLASLt, f32 out)", m, nn, k, ms);
-    let ms = time_ms(g, 20, || g.gemm_bf16(&ab, &bb, m, nn, k).map(|_| ()))?;
-    gemm_line(r, "BF16 (cudarc safe API, bf16 out)", m, nn, k, ms);
-    let ms = time_ms(g, 10, || g.gemm_f32(&a.data, &b.data, m, nn, k).map(|_| ()))?;
-    gemm_line(r, "f32 (cudarc safe API, TF32 compute)", m, nn, k, ms);
-    let fa = g.quantize_fp8(&a, quant::Usage::Rowwise, &f8, key, st)?;
-    let fb = g.quantize_fp8(&b, quant::Usage::Rowwise, &f8, key, st)?;
-    match time_ms(g, 20, || g.gemm_fp8(&fa, &fb).map(|_| ())) {
-        Ok(ms) => gemm_line(
-            r,
-            "FP8 E4M3 x E4M3 (cuBLASLt, per-tensor scales)",
-            m,
-            nn,
-            k,
-            ms,
-        ),
-        Err(e) => r.line(format!("FP8 GEMM failed: {e}")),
-    }
-    drop((fa, fb));
-    for (name, q) in [("NVFP4", nv), ("MXFP8", mx8)] {
-        let qa = g.quantize(&a, quant::Usage::Rowwise, &q, key, st)?;
-        let qb = g.quantize(&b, quant::Usage::Rowwise, &q, key, st)?;
-        let ms = time_ms(g, 20, || g.gemm_emulated(&qa, &qb).map(|_| ()))?;
-        gemm_line(
-            r,
-            &format!("{name} emulated (dequant to BF16 + BF16 GEMM)"),
-            m,
-            nn,
-            k,
-            ms,
-        );
-        let (oa, _) = g.operand_bf16(&qa)?;
-        let (ob, _) = g.operand_bf16(&qb)?;
-        let ms = time_ms(g, 20, || {
-            g.gemm_bf16_f32(&oa, &ob, m, nn, qa.padded_cols, 1.0)
-                .map(|_| ())
-        })?;
-        gemm_line(r, &format!("{name} emulated, GEMM part only"), m, nn, k, ms);
-        if g.compute_capability().0 == 10 {
-            match time_ms(g, 20, || g.gemm_block_scaled(&qa, &qb).map(|_| ())) {
-                Ok(ms) => gemm_line(r, &format!("{name} block-scaled (sm_100)"), m, nn, k, ms),
-                Err(e) => r.line(format!("{name} block-scaled GEMM failed: {e}")),
+    })
+    .map(|ms| r.gemm("BF16 (cuBLASLt, f32 out)", m, nn, k, ms));
+    r.item("BF16 (cuBLASLt, f32 out)", res);
+    let res = time_ms(g, 10, || g.gemm_bf16(&ab, &bb, m, nn, k).map(|_| ()))
+        .map(|ms| r.gemm("BF16 (cudarc safe API, bf16 out)", m, nn, k, ms));
+    r.item("BF16 (cudarc safe API, bf16 out)", res);
+    let res = time_ms(g, 5, || g.gemm_f32(&a.data, &b.data, m, nn, k).map(|_| ()))
+        .map(|ms| r.gemm("f32 (cudarc safe API, TF32 compute)", m, nn, k, ms));
+    r.item("f32 (cudarc safe API, TF32 compute)", res);
+    drop((ab, bb));
+    let name = "FP8 E4M3 x E4M3 (cuBLASLt, per-tensor scales)";
+    let res = (|| {
+        let fa = g.quantize_fp8(&a, quant::Usage::Rowwise, &f8, key, st)?;
+        let fb = g.quantize_fp8(&b, quant::Usage::Rowwise, &f8, key, st)?;
+        let ms = time_ms(g, 10, || g.gemm_fp8(&fa, &fb).map(|_| ()))?;
+        r.gemm(name, m, nn, k, ms);
+        Ok(())
+    })();
+    r.item(name, res);
+    for (fmt, q) in [("NVFP4", nv), ("MXFP8", mx8)] {
+        let name = format!("{fmt} emulated (dequant to BF16 + BF16 GEMM)");
+        let res = (|| {
+            let qa = g.quantize(&a, quant::Usage::Rowwise, &q, key, st)?;
+            let qb = g.quantize(&b, quant::Usage::Rowwise, &q, key, st)?;
+            let ms = time_ms(g, 10, || g.gemm_emulated(&qa, &qb).map(|_| ()))?;
+            r.gemm(&name, m, nn, k, ms);
+            let (oa, _) = g.operand_bf16(&qa)?;
+            let (ob, _) = g.operand_bf16(&qb)?;
+            let ms = time_ms(g, 10, || {
+                g.gemm_bf16_f32(&oa, &ob, m, nn, qa.padded_cols, 1.0)
+                    .map(|_| ())
+            })?;
+            r.gemm(&format!("{fmt} emulated, GEMM part only"), m, nn, k, ms);
+            if g.compute_capability().0 == 10 {
+                let ms = time_ms(g, 10, || g.gemm_block_scaled(&qa, &qb).map(|_| ()))?;
+                r.gemm(&format!("{fmt} block-scaled (sm_100)"), m, nn, k, ms);
             }
-        }
+            Ok(())
+        })();
+        r.item(&name, res);
     }
     Ok(())
 }
 
 fn main() {
-    let args = parse();
+    let args = match parse() {
+        Ok(a) => a,
+        Err(e) => {
+            eprintln!("gpu_bench: {e}");
+            std::process::exit(2);
+        }
+    };
+    let mut r = Report {
+        text: String::new(),
+        json: Vec::new(),
+        hbm: args.hbm_gbs,
+        copy_gbs: None,
+        failed: 0,
+    };
     let ctx = match probe() {
         Gpu::Ready(ctx) => ctx,
         Gpu::Unavailable(why) => {
@@ -341,22 +374,28 @@ fn main() {
             return;
         }
     };
-    let g = GpuContext::new(ctx).expect("loading the kernels");
-    let mut r = Report {
-        text: String::new(),
-        json: Vec::new(),
+    environment(&mut r);
+    // `g` stays alive until `process::exit`: no teardown (cuBLASLt's handle destructor
+    // unwraps) can turn a finished run into a crash before the report is written.
+    let g = GpuContext::new(ctx);
+    let res = match &g {
+        Ok(g) => run(g, &args, &mut r),
+        Err(e) => Err(kernels_cuda::KernelError::Unsupported(format!(
+            "loading the kernels: {e}"
+        ))),
     };
-    let res = run(&g, &args, &mut r);
-    if let Err(e) = &res {
-        r.line(format!("bench error: {e}"));
-    }
+    r.item("bench", res);
     if let Some(path) = &args.json {
         let mut s = String::from("[\n");
         let _ = write!(s, "{}", r.json.join(",\n"));
         s.push_str("\n]\n");
-        std::fs::write(path, s).expect("writing the JSON report");
+        if let Err(e) = std::fs::write(path, s) {
+            eprintln!("gpu_bench: writing {path}: {e}");
+            r.failed += 1;
+        }
     }
-    if res.is_err() {
-        std::process::exit(1);
+    if r.failed > 0 {
+        println!("gpu_bench: {} measurement(s) failed", r.failed);
     }
+    std::process::exit(i32::from(r.failed > 0));
 }

@@ -11,7 +11,7 @@
 //! * [`GpuContext::gemm_bf16_f32`]: BF16 inputs, f32 output and accumulation, α applied in
 //!   the epilogue (the emulated quantized GEMM's back end).
 //! * [`GpuContext::gemm_fp8`]: per-tensor FP8 natively (Hopper and later), α = product of the
-//!   two `scale_inv`.
+//!   two `scale_inv`; E4M3 x E4M3, E4M3 x E5M2, E5M2 x E4M3 (cuBLASLt has no E5M2 x E5M2).
 //! * [`GpuContext::gemm_emulated`]: NVFP4 / MX / FP8 operands dequantized exactly to BF16
 //!   (unscaled), a BF16 GEMM, α = product of the per-tensor factors; the same computation as
 //!   `quant::qgemm` up to accumulation order.
@@ -102,6 +102,9 @@ impl GpuContext {
             .blas
             .lock()
             .map_err(|_| KernelError::Unsupported("poisoned cuBLASLt lock".into()))?;
+        // cuBLASLt launches on the context current on this thread (tests run on other threads
+        // than the one that created the context).
+        self.ctx.bind_to_thread()?;
         if guard.is_none() {
             // SAFETY: dlopen()s the candidate library names only.
             if !unsafe { sys::is_culib_present() } {
@@ -199,7 +202,8 @@ impl GpuContext {
     ) -> Result<CudaSlice<half::bf16>> {
         check_len(a.len(), m * k, "A")?;
         check_len(b.len(), n * k, "B")?;
-        let mut out = self.zeros::<half::bf16>(m * n)?;
+        // SAFETY: beta = 0: cuBLASLt writes every element of D and reads no C.
+        let mut out = unsafe { self.uninit::<half::bf16>(m * n)? };
         self.with_blas(|blas| {
             // SAFETY: shapes checked above; TN as in the module docs.
             unsafe {
@@ -223,7 +227,8 @@ impl GpuContext {
     ) -> Result<CudaSlice<f32>> {
         check_len(a.len(), m * k, "A")?;
         check_len(b.len(), n * k, "B")?;
-        let mut out = self.zeros::<f32>(m * n)?;
+        // SAFETY: beta = 0: cuBLASLt writes every element of D and reads no C.
+        let mut out = unsafe { self.uninit::<f32>(m * n)? };
         self.with_blas(|blas| {
             // SAFETY: shapes checked above; TN as in the module docs.
             unsafe {
@@ -248,7 +253,8 @@ impl GpuContext {
     ) -> Result<CudaSlice<f32>> {
         check_len(a.len(), m * k, "A")?;
         check_len(b.len(), n * k, "B")?;
-        let mut out = self.zeros::<f32>(m * n)?;
+        // SAFETY: beta = 0: cuBLASLt writes every element of D and reads no C.
+        let mut out = unsafe { self.uninit::<f32>(m * n)? };
         let (pa, _sa) = a.device_ptr(&self.stream);
         let (pb, _sb) = b.device_ptr(&self.stream);
         let (pd, _sd) = out.device_ptr_mut(&self.stream);
@@ -285,13 +291,19 @@ impl GpuContext {
                 ))
             }
         };
+        if !native_fp8_pair(a, b) {
+            return Err(KernelError::Unsupported(
+                "cuBLASLt has no E5M2 x E5M2 FP8 GEMM (use gemm_emulated)".into(),
+            ));
+        }
         let k = same_k(a, b)?;
         if k % 16 != 0 {
             return Err(KernelError::Unsupported(format!(
                 "FP8 GEMM needs K % 16 == 0, got {k}"
             )));
         }
-        let mut out = self.zeros::<f32>(a.rows * b.rows)?;
+        // SAFETY: beta = 0: cuBLASLt writes every element of D and reads no C.
+        let mut out = unsafe { self.uninit::<f32>(a.rows * b.rows)? };
         let (pa, _sa) = a.codes.device_ptr(&self.stream);
         let (pb, _sb) = b.codes.device_ptr(&self.stream);
         let (pd, _sd) = out.device_ptr_mut(&self.stream);
@@ -393,7 +405,8 @@ impl GpuContext {
             self.swizzle_scales(a.scales.as_ref().expect("block scales"), a.rows, k / block)?;
         let sb =
             self.swizzle_scales(b.scales.as_ref().expect("block scales"), b.rows, k / block)?;
-        let mut out = self.zeros::<f32>(a.rows * b.rows)?;
+        // SAFETY: beta = 0: cuBLASLt writes every element of D and reads no C.
+        let mut out = unsafe { self.uninit::<f32>(a.rows * b.rows)? };
         let (pa, _ga) = a.codes.device_ptr(&self.stream);
         let (pb, _gb) = b.codes.device_ptr(&self.stream);
         let (psa, _gsa) = sa.device_ptr(&self.stream);
@@ -420,7 +433,8 @@ impl GpuContext {
         Ok(out)
     }
 
-    /// The quantized GEMM for the operands' format and this device: native FP8, block-scaled
+    /// The quantized GEMM for the operands' format and this device: native FP8 (emulated for
+    /// E5M2 x E5M2, which cuBLASLt lacks, and for K not a multiple of 16), block-scaled
     /// NVFP4 / MX on compute capability 10.x, emulated NVFP4 / MX elsewhere.
     pub fn gemm_quantized(
         &self,
@@ -428,7 +442,12 @@ impl GpuContext {
         b: &DeviceQuantized,
     ) -> Result<CudaSlice<f32>> {
         match (a.format, b.format) {
-            (QuantFormat::Fp8 { .. }, QuantFormat::Fp8 { .. }) => self.gemm_fp8(a, b),
+            (QuantFormat::Fp8 { .. }, QuantFormat::Fp8 { .. })
+                if native_fp8_pair(a, b) && a.cols % 16 == 0 =>
+            {
+                self.gemm_fp8(a, b)
+            }
+            (QuantFormat::Fp8 { .. }, QuantFormat::Fp8 { .. }) => self.gemm_emulated(a, b),
             _ if self.cc.0 == 10 => self.gemm_block_scaled(a, b),
             _ => self.gemm_emulated(a, b),
         }
@@ -454,6 +473,24 @@ fn safe_cfg(m: usize, n: usize, k: usize) -> MatmulConfig {
         stride_bias: None,
         batch_size: None,
     }
+}
+
+/// Whether cuBLASLt has a native kernel for this FP8 pair: E4M3 x E4M3, E4M3 x E5M2 and
+/// E5M2 x E4M3 are in its FP8 type table, E5M2 x E5M2 is not.
+fn native_fp8_pair(a: &DeviceQuantized, b: &DeviceQuantized) -> bool {
+    !matches!(
+        (a.format, b.format),
+        (
+            QuantFormat::Fp8 {
+                element: Fp8Element::E5M2,
+                ..
+            },
+            QuantFormat::Fp8 {
+                element: Fp8Element::E5M2,
+                ..
+            }
+        )
+    )
 }
 
 fn fp8_type(e: Fp8Element) -> sys::cudaDataType {

@@ -88,7 +88,15 @@ impl GpuContext {
             ))
         })?;
         let name = ctx.name().unwrap_or_else(|_| "?".into());
-        let load = |m: &Module| ctx.load_module(Ptx::from_src(m.ptx(arch)));
+        let load = |m: &Module| {
+            ctx.load_module(Ptx::from_src(m.ptx(arch)))
+                .map_err(|error| KernelError::Load {
+                    module: m.name,
+                    arch: arch.tag(),
+                    error,
+                    log: jit_log(&ctx, m.ptx(arch)),
+                })
+        };
         let nvfp4 = load(&crate::ptx::NVFP4)?;
         let mx = load(&crate::ptx::MX)?;
         let fp8 = load(&crate::ptx::FP8)?;
@@ -180,6 +188,18 @@ impl GpuContext {
         Ok(self.stream.clone_dtoh(s)?)
     }
 
+    /// An uninitialised device buffer of `n` elements (`n` may be 0: one element is
+    /// allocated), for outputs that a kernel or cuBLASLt (with `beta = 0`) writes in full.
+    ///
+    /// # Safety
+    /// Every element must be written before it is read.
+    pub(crate) unsafe fn uninit<T: cudarc::driver::DeviceRepr>(
+        &self,
+        n: usize,
+    ) -> Result<CudaSlice<T>> {
+        Ok(self.stream.alloc::<T>(n.max(1))?)
+    }
+
     /// A zeroed device buffer of `n` elements (`n` may be 0: one element is allocated).
     pub(crate) fn zeros<T: cudarc::driver::DeviceRepr + cudarc::driver::ValidAsZeroBits>(
         &self,
@@ -213,7 +233,8 @@ impl GpuContext {
     /// Converts f32 to BF16 with round-to-nearest-even (`fp_formats::round_to_bf16`).
     pub fn to_bf16(&self, x: &CudaSlice<f32>) -> Result<CudaSlice<half::bf16>> {
         let n = x.len();
-        let mut out = self.zeros::<half::bf16>(n)?;
+        // SAFETY: nb_f32_to_bf16 writes all n elements.
+        let mut out = unsafe { self.uninit::<half::bf16>(n)? };
         let n64 = n as u64;
         let mut b = self.stream.launch_builder(&self.k.f32_to_bf16);
         b.arg(x).arg(&n64).arg(&mut out);
@@ -244,6 +265,60 @@ impl GpuContext {
         unsafe { b.launch(grid_stride_cfg(rows * scale_cols))? };
         Ok(out)
     }
+}
+
+/// The driver's JIT logs for a PTX module that failed to load: loads it once more through
+/// `cuModuleLoadDataEx` with log buffers (cudarc's `load_module` passes none), so that a
+/// rejected PTX says why. Never fails; returns what the driver wrote.
+fn jit_log(ctx: &CudaContext, ptx: &str) -> String {
+    use cudarc::driver::sys;
+    use std::ffi::c_void;
+    let Ok(src) = std::ffi::CString::new(ptx) else {
+        return "PTX holds a NUL byte".into();
+    };
+    if ctx.bind_to_thread().is_err() {
+        return String::new();
+    }
+    const LOG: usize = 1 << 16;
+    let (mut err, mut info) = (vec![0u8; LOG], vec![0u8; LOG]);
+    let mut opts = [
+        sys::CUjit_option::CU_JIT_ERROR_LOG_BUFFER,
+        sys::CUjit_option::CU_JIT_ERROR_LOG_BUFFER_SIZE_BYTES,
+        sys::CUjit_option::CU_JIT_INFO_LOG_BUFFER,
+        sys::CUjit_option::CU_JIT_INFO_LOG_BUFFER_SIZE_BYTES,
+        sys::CUjit_option::CU_JIT_LOG_VERBOSE,
+    ];
+    // Option values are pointer-sized words: buffers by address, sizes and flags by value.
+    let word = std::ptr::without_provenance_mut::<c_void>;
+    let mut vals: [*mut c_void; 5] = [
+        err.as_mut_ptr().cast(),
+        word(LOG),
+        info.as_mut_ptr().cast(),
+        word(LOG),
+        word(1),
+    ];
+    let mut module: sys::CUmodule = std::ptr::null_mut();
+    // SAFETY: the option arrays have 5 entries with values of the documented kinds; the log
+    // buffers outlive the call; a module that loads after all is unloaded at once.
+    let r = unsafe {
+        sys::cuModuleLoadDataEx(
+            &mut module,
+            src.as_ptr().cast(),
+            opts.len() as u32,
+            opts.as_mut_ptr(),
+            vals.as_mut_ptr(),
+        )
+    };
+    if r == sys::CUresult::CUDA_SUCCESS && !module.is_null() {
+        // SAFETY: loaded just above, used by nothing.
+        unsafe { sys::cuModuleUnload(module) };
+    }
+    let text = |b: &[u8]| {
+        let end = b.iter().position(|&c| c == 0).unwrap_or(b.len());
+        String::from_utf8_lossy(&b[..end]).trim().to_string()
+    };
+    let (e, i) = (text(&err), text(&info));
+    format!("cuModuleLoadDataEx: {r:?}; error log: {e:?}; info log: {i:?}")
 }
 
 /// A 1D grid-stride launch over `n` work items.

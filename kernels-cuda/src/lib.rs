@@ -59,6 +59,19 @@ pub enum KernelError {
     /// A CUDA driver call failed.
     #[error("CUDA driver: {0}")]
     Driver(#[from] cudarc::driver::DriverError),
+    /// The driver could not load (JIT-compile) a PTX module; `log` holds the JIT compiler's
+    /// error and info logs (empty when the driver gave none).
+    #[error("loading the {module} PTX ({arch}) failed: {error}; JIT log: {log}")]
+    Load {
+        /// The module (`cuda/<module>.cu`).
+        module: &'static str,
+        /// The PTX target tag (`sm_90a`, `sm_100a`, `compute_90`).
+        arch: &'static str,
+        /// The driver's error.
+        error: cudarc::driver::DriverError,
+        /// The JIT compiler's logs.
+        log: String,
+    },
     /// A cuBLASLt call failed (e.g. `CUBLAS_STATUS_NOT_SUPPORTED` from the heuristic query).
     #[error("cuBLASLt: {0}")]
     Blas(#[from] cudarc::cublaslt::result::CublasError),

@@ -318,7 +318,9 @@ impl GpuContext {
     /// per-tensor factor: bit-identical to [`quant::QuantizedTensor::dequantize`].
     pub fn dequantize(&self, t: &DeviceQuantized) -> Result<CudaSlice<f32>> {
         let n = t.rows * t.cols;
-        let mut out = self.zeros::<f32>(n)?;
+        // SAFETY: each dequantization kernel writes all rows * cols outputs (the GPU tests
+        // compare every element with quant's).
+        let mut out = unsafe { self.uninit::<f32>(n)? };
         let (rows, cols, pcols) = (to_i32(t.rows)?, to_i32(t.cols)?, to_i32(t.padded_cols)?);
         match t.format {
             QuantFormat::Nvfp4 { .. } => {
@@ -372,7 +374,9 @@ impl GpuContext {
     /// `[rows, padded_cols]` BF16 matrix (padding is zero), and the per-tensor factor.
     pub fn operand_bf16(&self, t: &DeviceQuantized) -> Result<(CudaSlice<half::bf16>, f32)> {
         let n = t.rows * t.padded_cols;
-        let mut out = self.zeros::<half::bf16>(n)?;
+        // SAFETY: both conversion kernels write all rows * padded_cols elements (the padding
+        // holds zero codes, which decode to zero).
+        let mut out = unsafe { self.uninit::<half::bf16>(n)? };
         let (rows, pcols) = (to_i32(t.rows)?, to_i32(t.padded_cols)?);
         match t.format {
             QuantFormat::Nvfp4 { .. } => {

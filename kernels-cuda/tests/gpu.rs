@@ -10,14 +10,16 @@ mod common;
 
 use std::io::Write as _;
 use std::sync::OnceLock;
+use std::time::Instant;
 
 use common::{
     assert_same, data, for_each_case, fp8_current_cases, fp8_delayed, mx_cases, mx_prescaled,
     nvfp4_cases, nvfp4_cast_transpose_cases, nvfp4_rht_cases, sweep, CT_COL_KEY, CT_ROW_KEY, KEY,
     USAGES,
 };
+use cudarc::driver::CudaSlice;
 use fp_formats::mx::{MxElement, ScaleRule};
-use kernels_cuda::{DeviceMatrix, Gpu, GpuContext, KernelError};
+use kernels_cuda::{DeviceMatrix, DeviceQuantized, Gpu, GpuContext, KernelError};
 use quant::qgemm::{quantized_matmul_tn, Operand};
 use quant::{AmaxAlgo, Fp8Element, OperandQuant, QuantState, Rht, RngKey, RoundingMode, Usage};
 
@@ -27,8 +29,46 @@ enum State {
     Broken(String),
 }
 
-fn gpu(test: &str) -> Option<&'static GpuContext> {
+/// Soft checks: a failing check (a panic inside [`soft`]) is recorded and the test goes on
+/// with its other cases, so that one GPU run reports every mismatch, not only the first; the
+/// [`Checks`] guard that [`gpu`] returns fails the test at its end if any check failed.
+struct Checks(&'static str);
+
+thread_local! {
+    static FAILED: std::cell::RefCell<Vec<String>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// Runs one check; its failure is recorded (the panic hook has printed its message).
+fn soft(what: &str, f: impl FnOnce()) {
+    if let Err(p) = std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)) {
+        let msg = p
+            .downcast_ref::<String>()
+            .cloned()
+            .or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()))
+            .unwrap_or_default();
+        let first = msg.lines().next().unwrap_or("").to_string();
+        FAILED.with(|f| f.borrow_mut().push(format!("{what}: {first}")));
+    }
+}
+
+impl Drop for Checks {
+    fn drop(&mut self) {
+        let failed = FAILED.with(|f| std::mem::take(&mut *f.borrow_mut()));
+        if !failed.is_empty() && !std::thread::panicking() {
+            panic!(
+                "{}: {} check(s) failed:\n  {}",
+                self.0,
+                failed.len(),
+                failed.join("\n  ")
+            );
+        }
+    }
+}
+
+fn gpu(test: &'static str) -> Option<(&'static GpuContext, Checks)> {
+    static T0: OnceLock<Instant> = OnceLock::new();
     static GPU: OnceLock<State> = OnceLock::new();
+    let t0 = *T0.get_or_init(Instant::now);
     let state = GPU.get_or_init(|| match kernels_cuda::probe() {
         Gpu::Unavailable(why) => State::Skip(why),
         Gpu::Ready(ctx) => match GpuContext::new(ctx) {
@@ -47,7 +87,16 @@ fn gpu(test: &str) -> Option<&'static GpuContext> {
         },
     });
     match state {
-        State::Ready(g) => Some(g),
+        State::Ready(g) => {
+            // Per-test wall time is the gap between consecutive start lines (the first one
+            // includes the PTX JIT).
+            let _ = writeln!(
+                std::io::stderr(),
+                "[{:7.2} s] start {test}",
+                t0.elapsed().as_secs_f64()
+            );
+            Some((g, Checks(test)))
+        }
         State::Skip(why) => {
             // One write, straight to stderr: libtest does not capture it.
             let _ = std::io::stderr().write_all(format!("SKIP {test}: {why}\n").as_bytes());
@@ -81,6 +130,22 @@ fn upload(g: &GpuContext, x: &[f32], rows: usize, cols: usize) -> DeviceMatrix {
 
 #[allow(clippy::too_many_arguments)]
 fn check_one(
+    g: &GpuContext,
+    x: &[f32],
+    rows: usize,
+    cols: usize,
+    usage: Usage,
+    q: &OperandQuant,
+    key: RngKey,
+    what: &str,
+) {
+    soft(what, || {
+        check_one_strict(g, x, rows, cols, usage, q, key, what)
+    });
+}
+
+#[allow(clippy::too_many_arguments)]
+fn check_one_strict(
     g: &GpuContext,
     x: &[f32],
     rows: usize,
@@ -124,7 +189,7 @@ fn check_one(
 
 #[test]
 fn nvfp4_rowwise_and_columnwise_match_quant() {
-    let Some(g) = gpu("nvfp4_rowwise_and_columnwise_match_quant") else {
+    let Some((g, _checks)) = gpu("nvfp4_rowwise_and_columnwise_match_quant") else {
         return;
     };
     sweep(
@@ -138,7 +203,7 @@ fn nvfp4_rowwise_and_columnwise_match_quant() {
 
 #[test]
 fn nvfp4_columnwise_rht_matches_quant() {
-    let Some(g) = gpu("nvfp4_columnwise_rht_matches_quant") else {
+    let Some((g, _checks)) = gpu("nvfp4_columnwise_rht_matches_quant") else {
         return;
     };
     for (si, &(rows, cols)) in RHT_SHAPES.iter().enumerate() {
@@ -172,7 +237,7 @@ fn nvfp4_columnwise_rht_matches_quant() {
 
 #[test]
 fn nvfp4_cast_transpose_equals_two_quantizations() {
-    let Some(g) = gpu("nvfp4_cast_transpose_equals_two_quantizations") else {
+    let Some((g, _checks)) = gpu("nvfp4_cast_transpose_equals_two_quantizations") else {
         return;
     };
     let cases = nvfp4_cast_transpose_cases();
@@ -181,30 +246,32 @@ fn nvfp4_cast_transpose_equals_two_quantizations() {
         let x = data(rows, cols, rows as u64 ^ cols as u64);
         let dx = upload(g, &x, rows, cols);
         for (ci, (qr, qc)) in cases.iter().enumerate() {
-            let (r, c) = g
-                .cast_transpose(&dx, (qr, row_key), (qc, col_key), &mut QuantState::new())
-                .expect("cast_transpose");
-            let cr =
-                quant::nvfp4::quantize(&x, rows, cols, Usage::Rowwise, qr, row_key).expect("cpu");
-            let cc = quant::nvfp4::quantize(&x, rows, cols, Usage::Columnwise, qc, col_key)
-                .expect("cpu");
-            assert_same(
-                &r.to_host().expect("dl"),
-                &cr,
-                &format!("cast_transpose case {ci} rowwise {rows}x{cols}"),
-            );
-            assert_same(
-                &c.to_host().expect("dl"),
-                &cc,
-                &format!("cast_transpose case {ci} columnwise {rows}x{cols}"),
-            );
+            soft(&format!("cast_transpose case {ci} {rows}x{cols}"), || {
+                let (r, c) = g
+                    .cast_transpose(&dx, (qr, row_key), (qc, col_key), &mut QuantState::new())
+                    .expect("cast_transpose");
+                let cr = quant::nvfp4::quantize(&x, rows, cols, Usage::Rowwise, qr, row_key)
+                    .expect("cpu");
+                let cc = quant::nvfp4::quantize(&x, rows, cols, Usage::Columnwise, qc, col_key)
+                    .expect("cpu");
+                assert_same(
+                    &r.to_host().expect("dl"),
+                    &cr,
+                    &format!("cast_transpose case {ci} rowwise {rows}x{cols}"),
+                );
+                assert_same(
+                    &c.to_host().expect("dl"),
+                    &cc,
+                    &format!("cast_transpose case {ci} columnwise {rows}x{cols}"),
+                );
+            });
         }
     }
 }
 
 #[test]
 fn nvfp4_rejects_non_finite_input_and_bad_configs() {
-    let Some(g) = gpu("nvfp4_rejects_non_finite_input_and_bad_configs") else {
+    let Some((g, _checks)) = gpu("nvfp4_rejects_non_finite_input_and_bad_configs") else {
         return;
     };
     let (rows, cols) = (64, 64);
@@ -233,7 +300,7 @@ fn nvfp4_rejects_non_finite_input_and_bad_configs() {
 
 #[test]
 fn amax_and_repeat_launches_are_deterministic() {
-    let Some(g) = gpu("amax_and_repeat_launches_are_deterministic") else {
+    let Some((g, _checks)) = gpu("amax_and_repeat_launches_are_deterministic") else {
         return;
     };
     for &(rows, cols) in &[(4096usize, 4099usize), (3, 5), (1, 1)] {
@@ -278,7 +345,7 @@ fn amax_and_repeat_launches_are_deterministic() {
 
 #[test]
 fn mx_matches_quant() {
-    let Some(g) = gpu("mx_matches_quant") else {
+    let Some((g, _checks)) = gpu("mx_matches_quant") else {
         return;
     };
     let elements = [MxElement::E4M3, MxElement::E5M2, MxElement::E2M1];
@@ -316,7 +383,7 @@ fn mx_matches_quant() {
 
 #[test]
 fn mx_cast_transpose_equals_two_quantizations() {
-    let Some(g) = gpu("mx_cast_transpose_equals_two_quantizations") else {
+    let Some((g, _checks)) = gpu("mx_cast_transpose_equals_two_quantizations") else {
         return;
     };
     for &(rows, cols) in &[(4096usize, 2048usize), (100, 70)] {
@@ -324,19 +391,21 @@ fn mx_cast_transpose_equals_two_quantizations() {
         let dx = upload(g, &x, rows, cols);
         let qr = OperandQuant::mx(MxElement::E4M3, ScaleRule::Rceil);
         let qc = qr.with_rounding(RoundingMode::Stochastic);
-        let (r, c) = g
-            .cast_transpose(&dx, (&qr, KEY), (&qc, KEY), &mut QuantState::new())
-            .expect("cast_transpose");
-        assert_same(
-            &r.to_host().unwrap(),
-            &quant::mx::quantize(&x, rows, cols, Usage::Rowwise, &qr, KEY).unwrap(),
-            "mx ct rowwise",
-        );
-        assert_same(
-            &c.to_host().unwrap(),
-            &quant::mx::quantize(&x, rows, cols, Usage::Columnwise, &qc, KEY).unwrap(),
-            "mx ct columnwise",
-        );
+        soft(&format!("mx cast_transpose {rows}x{cols}"), || {
+            let (r, c) = g
+                .cast_transpose(&dx, (&qr, KEY), (&qc, KEY), &mut QuantState::new())
+                .expect("cast_transpose");
+            assert_same(
+                &r.to_host().unwrap(),
+                &quant::mx::quantize(&x, rows, cols, Usage::Rowwise, &qr, KEY).unwrap(),
+                &format!("mx ct rowwise {rows}x{cols}"),
+            );
+            assert_same(
+                &c.to_host().unwrap(),
+                &quant::mx::quantize(&x, rows, cols, Usage::Columnwise, &qc, KEY).unwrap(),
+                &format!("mx ct columnwise {rows}x{cols}"),
+            );
+        });
     }
 }
 
@@ -346,7 +415,7 @@ fn mx_cast_transpose_equals_two_quantizations() {
 
 #[test]
 fn fp8_current_scaling_matches_quant() {
-    let Some(g) = gpu("fp8_current_scaling_matches_quant") else {
+    let Some((g, _checks)) = gpu("fp8_current_scaling_matches_quant") else {
         return;
     };
     sweep(
@@ -360,7 +429,7 @@ fn fp8_current_scaling_matches_quant() {
 
 #[test]
 fn fp8_delayed_scaling_tracks_quant_state() {
-    let Some(g) = gpu("fp8_delayed_scaling_tracks_quant_state") else {
+    let Some((g, _checks)) = gpu("fp8_delayed_scaling_tracks_quant_state") else {
         return;
     };
     let q = fp8_delayed(Fp8Element::E4M3, 4, 0, AmaxAlgo::Max);
@@ -388,7 +457,7 @@ fn fp8_delayed_scaling_tracks_quant_state() {
 
 #[test]
 fn fp8_cast_transpose_equals_two_quantizations() {
-    let Some(g) = gpu("fp8_cast_transpose_equals_two_quantizations") else {
+    let Some((g, _checks)) = gpu("fp8_cast_transpose_equals_two_quantizations") else {
         return;
     };
     let (rows, cols) = (2048, 1536);
@@ -417,7 +486,7 @@ fn fp8_cast_transpose_equals_two_quantizations() {
 
 #[test]
 fn swizzle_kernel_matches_cpu_swizzle() {
-    let Some(g) = gpu("swizzle_kernel_matches_cpu_swizzle") else {
+    let Some((g, _checks)) = gpu("swizzle_kernel_matches_cpu_swizzle") else {
         return;
     };
     for &(rows, scols) in &[(1usize, 1usize), (128, 4), (300, 17), (4096, 256)] {
@@ -448,28 +517,46 @@ fn abs_bound(a: &[f32], b: &[f32], m: usize, n: usize, k: usize, alpha: f32) -> 
     out.iter().map(|v| v * alpha.abs()).collect()
 }
 
-/// Checks `|gpu - cpu| <= rel * bound + tiny` element-wise and reports the worst ratio.
+/// Checks `|gpu - cpu| <= rel * bound + tiny` element-wise. Always prints the worst ratio
+/// and the relative Frobenius error first (so that a failing run still reports how far off
+/// it is), then fails with the worst element and the number of elements out of bounds.
 fn assert_close(gpu: &[f32], cpu: &[f32], bound: &[f32], rel: f32, what: &str) {
-    let mut worst = 0.0f64;
+    assert_eq!(gpu.len(), cpu.len(), "{what}: output length");
+    let mut worst = (0.0f64, 0usize);
     let (mut num, mut den) = (0.0f64, 0.0f64);
+    let (mut bad, mut non_finite) = (0usize, 0usize);
     for i in 0..cpu.len() {
-        let d = (gpu[i] - cpu[i]).abs();
-        assert!(gpu[i].is_finite(), "{what}: output {i} is {}", gpu[i]);
-        let allowed = rel * bound[i] + 1e-30;
-        worst = worst.max(d as f64 / allowed as f64);
-        assert!(
-            d <= allowed,
-            "{what}: output {i}: gpu {} cpu {} (|diff| {d:e} > {allowed:e})",
-            gpu[i],
-            cpu[i]
-        );
-        num += (d as f64).powi(2);
+        if !gpu[i].is_finite() {
+            non_finite += 1;
+            continue;
+        }
+        let d = (gpu[i] as f64 - cpu[i] as f64).abs();
+        let allowed = rel as f64 * bound[i] as f64 + 1e-30;
+        if d / allowed > worst.0 {
+            worst = (d / allowed, i);
+        }
+        if d > allowed {
+            bad += 1;
+        }
+        num += d * d;
         den += (cpu[i] as f64).powi(2);
     }
+    let i = worst.1;
     let _ = writeln!(
         std::io::stderr(),
-        "{what}: worst |diff| / allowed = {worst:.3}, relative Frobenius error {:.3e}",
+        "{what}: worst |diff| / allowed = {:.3} (rel {rel:e}), relative Frobenius error {:.3e}",
+        worst.0,
         (num / den.max(1e-300)).sqrt()
+    );
+    assert!(
+        bad == 0 && non_finite == 0,
+        "{what}: {bad} of {} outputs out of bounds, {non_finite} non-finite; worst at {i}: \
+         gpu {} cpu {} bound {} (|diff| / allowed = {:.3})",
+        cpu.len(),
+        gpu[i],
+        cpu[i],
+        bound[i],
+        worst.0
     );
 }
 
@@ -489,9 +576,30 @@ fn fake(x: &[f32], rows: usize, cols: usize, q: &OperandQuant, key: RngKey) -> (
     (out, f)
 }
 
+type GemmFn =
+    fn(&GpuContext, &DeviceQuantized, &DeviceQuantized) -> kernels_cuda::Result<CudaSlice<f32>>;
+
 #[allow(clippy::too_many_arguments)]
 fn emulated_case(
     g: &GpuContext,
+    gemm: GemmFn,
+    qa: &OperandQuant,
+    qb: &OperandQuant,
+    m: usize,
+    n: usize,
+    k: usize,
+    rel: f32,
+    what: &str,
+) {
+    soft(what, || {
+        emulated_case_strict(g, gemm, qa, qb, m, n, k, rel, what)
+    });
+}
+
+#[allow(clippy::too_many_arguments)]
+fn emulated_case_strict(
+    g: &GpuContext,
+    gemm: GemmFn,
     qa: &OperandQuant,
     qb: &OperandQuant,
     m: usize,
@@ -519,7 +627,7 @@ fn emulated_case(
         .quantize(&db, Usage::Rowwise, qb, kb, &mut st)
         .expect("quantize B");
     let out = g
-        .download(&g.gemm_quantized(&ta, &tb).expect(what))
+        .download(&gemm(g, &ta, &tb).unwrap_or_else(|e| panic!("{what}: {e}")))
         .expect("dtoh");
     let mut cpu = vec![0.0f32; m * n];
     quantized_matmul_tn(
@@ -541,7 +649,7 @@ fn emulated_case(
 
 #[test]
 fn emulated_nvfp4_and_mx_gemms_match_cpu_emulation() {
-    let Some(g) = gpu("emulated_nvfp4_and_mx_gemms_match_cpu_emulation") else {
+    let Some((g, _checks)) = gpu("emulated_nvfp4_and_mx_gemms_match_cpu_emulation") else {
         return;
     };
     if g.compute_capability().0 == 10 {
@@ -557,6 +665,7 @@ fn emulated_nvfp4_and_mx_gemms_match_cpu_emulation() {
     let paper = quant::GemmPolicy::nvfp4_paper();
     emulated_case(
         g,
+        GpuContext::gemm_quantized,
         &paper.fprop.a,
         &paper.fprop.b,
         1024,
@@ -567,6 +676,7 @@ fn emulated_nvfp4_and_mx_gemms_match_cpu_emulation() {
     );
     emulated_case(
         g,
+        GpuContext::gemm_quantized,
         &paper.dgrad.a,
         &OperandQuant::nvfp4(),
         512,
@@ -576,12 +686,33 @@ fn emulated_nvfp4_and_mx_gemms_match_cpu_emulation() {
         "NVFP4 SR x RNE",
     );
     let mx8 = OperandQuant::mx(MxElement::E4M3, ScaleRule::Rceil);
-    emulated_case(g, &mx8, &mx8, 1024, 1024, k, rel, "MXFP8 E4M3");
+    emulated_case(
+        g,
+        GpuContext::gemm_quantized,
+        &mx8,
+        &mx8,
+        1024,
+        1024,
+        k,
+        rel,
+        "MXFP8 E4M3",
+    );
     let mx4 = OperandQuant::mx(MxElement::E2M1, ScaleRule::Floor);
-    emulated_case(g, &mx4, &mx4, 1024, 1024, k, rel, "MXFP4");
+    emulated_case(
+        g,
+        GpuContext::gemm_quantized,
+        &mx4,
+        &mx4,
+        1024,
+        1024,
+        k,
+        rel,
+        "MXFP4",
+    );
     // Odd shapes: K padded to 16 inside the GEMM.
     emulated_case(
         g,
+        GpuContext::gemm_quantized,
         &OperandQuant::nvfp4(),
         &OperandQuant::nvfp4(),
         33,
@@ -594,37 +725,48 @@ fn emulated_nvfp4_and_mx_gemms_match_cpu_emulation() {
 
 #[test]
 fn fp8_gemm_matches_cpu_emulation() {
-    let Some(g) = gpu("fp8_gemm_matches_cpu_emulation") else {
+    let Some((g, _checks)) = gpu("fp8_gemm_matches_cpu_emulation") else {
         return;
     };
+    // Products of FP8 values are exact, but Hopper's FP8 tensor cores add them with a
+    // narrower, truncating accumulator (about 14 bits, promoted to f32 by cuBLASLt every few
+    // k-blocks): worst case about 32 * 2^-13 of the group's largest term, so allow 2^-7 of
+    // sum |a b|. A layout or scale bug is off by O(1); the printed worst ratio is the
+    // measured accuracy.
+    let rel = 2f32.powi(-7);
     let q = OperandQuant::fp8_current(Fp8Element::E4M3);
-    // Hopper FP8 tensor cores accumulate with reduced internal precision: allow 2^-10.
-    emulated_case(
-        g,
-        &q,
-        &q,
-        1024,
-        2048,
-        4096,
-        2f32.powi(-10),
-        "FP8 E4M3 x E4M3",
-    );
+    let native: GemmFn = GpuContext::gemm_fp8;
+    emulated_case(g, native, &q, &q, 1024, 2048, 4096, rel, "FP8 E4M3 x E4M3");
     let e5 = OperandQuant::fp8_current(Fp8Element::E5M2);
+    emulated_case(g, native, &e5, &q, 512, 512, 1024, rel, "FP8 E5M2 x E4M3");
+    // E5M2 x E5M2 is not in cuBLASLt's FP8 table: gemm_fp8 refuses it, gemm_quantized
+    // emulates it (exact BF16 operands, f32 accumulation).
+    soft("E5M2 x E5M2 through gemm_fp8", || {
+        let dx = upload(g, &data(64, 64, 1), 64, 64);
+        let t = g
+            .quantize_fp8(&dx, Usage::Rowwise, &e5, KEY, &mut QuantState::new())
+            .expect("quantize");
+        let r = g.gemm_fp8(&t, &t);
+        assert!(matches!(r, Err(KernelError::Unsupported(_))), "{r:?}");
+    });
     emulated_case(
         g,
+        GpuContext::gemm_quantized,
         &e5,
-        &q,
+        &e5,
+        256,
+        384,
         512,
-        512,
-        1024,
-        2f32.powi(-10),
-        "FP8 E5M2 x E4M3",
+        2.0 * 512.0 * 2f32.powi(-23),
+        "FP8 E5M2 x E5M2 (emulated)",
     );
+    // Last: our A is cuBLASLt's B, so this asks for cuBLASLt's A = E5M2, B = E4M3.
+    emulated_case(g, native, &q, &e5, 512, 256, 1024, rel, "FP8 E4M3 x E5M2");
 }
 
 #[test]
 fn bf16_and_f32_gemms_match_cpu() {
-    let Some(g) = gpu("bf16_and_f32_gemms_match_cpu") else {
+    let Some((g, _checks)) = gpu("bf16_and_f32_gemms_match_cpu") else {
         return;
     };
     let (m, n, k) = (512, 768, 1024);
@@ -638,53 +780,58 @@ fn bf16_and_f32_gemms_match_cpu() {
     let (da, db) = (upload(g, &a, m, k), upload(g, &b, n, k));
     let (ha, hb) = (g.to_bf16(&da.data).unwrap(), g.to_bf16(&db.data).unwrap());
     // BF16 in, f32 out.
-    let out = g
-        .download(&g.gemm_bf16_f32(&ha, &hb, m, n, k, 1.0).unwrap())
-        .unwrap();
-    assert_close(
-        &out,
-        &want,
-        &bound,
-        2.0 * k as f32 * 2f32.powi(-23),
-        "BF16 -> f32",
-    );
+    soft("BF16 -> f32", || {
+        let out = g
+            .download(&g.gemm_bf16_f32(&ha, &hb, m, n, k, 1.0).unwrap())
+            .unwrap();
+        assert_close(
+            &out,
+            &want,
+            &bound,
+            2.0 * k as f32 * 2f32.powi(-23),
+            "BF16 -> f32",
+        );
+    });
     // BF16 in, BF16 out (safe API): one extra BF16 rounding of the result.
-    let out16: Vec<f32> = g
-        .download(&g.gemm_bf16(&ha, &hb, m, n, k).unwrap())
-        .unwrap()
-        .iter()
-        .map(|v| v.to_f32())
-        .collect();
-    let bound16: Vec<f32> = bound
-        .iter()
-        .zip(&want)
-        .map(|(b, w)| b + w.abs() * 2f32.powi(-8) / (2.0 * k as f32 * 2f32.powi(-23)))
-        .collect();
-    assert_close(
-        &out16,
-        &want,
-        &bound16,
-        2.0 * k as f32 * 2f32.powi(-23),
-        "BF16 -> BF16 (safe API)",
-    );
-    // f32 (TF32 in cudarc's safe API): inputs rounded to 10 mantissa bits.
+    soft("BF16 -> BF16 (safe API)", || {
+        let out16: Vec<f32> = g
+            .download(&g.gemm_bf16(&ha, &hb, m, n, k).unwrap())
+            .unwrap()
+            .iter()
+            .map(|v| v.to_f32())
+            .collect();
+        // The f32 result is within rel * bound of `want`; rounding it to BF16 adds at most
+        // 2^-8 of its magnitude (2^-9 when rounded to nearest).
+        let rel = 2.0 * k as f32 * 2f32.powi(-23);
+        let bound16: Vec<f32> = bound
+            .iter()
+            .zip(&want)
+            .map(|(b, w)| b * (1.0 + 2f32.powi(-7)) + w.abs() * 2f32.powi(-8) / rel)
+            .collect();
+        assert_close(&out16, &want, &bound16, rel, "BF16 -> BF16 (safe API)");
+    });
+    // f32 (TF32 in cudarc's safe API): inputs rounded to 10 mantissa bits (each off by less
+    // than 2^-10 even if truncated, so each product by less than 2^-9), plus the f32
+    // accumulation bound of the BF16 cases.
     let mut want32 = vec![0.0f32; m * n];
     quant::gemm::matmul_tn(&a, &b, m, n, k, &mut want32);
-    let out32 = g
-        .download(&g.gemm_f32(&da.data, &db.data, m, n, k).unwrap())
-        .unwrap();
-    assert_close(
-        &out32,
-        &want32,
-        &abs_bound(&a, &b, m, n, k, 1.0),
-        2f32.powi(-9),
-        "f32 (TF32)",
-    );
+    soft("f32 (TF32)", || {
+        let out32 = g
+            .download(&g.gemm_f32(&da.data, &db.data, m, n, k).unwrap())
+            .unwrap();
+        assert_close(
+            &out32,
+            &want32,
+            &abs_bound(&a, &b, m, n, k, 1.0),
+            2f32.powi(-9) + 2.0 * k as f32 * 2f32.powi(-23),
+            "f32 (TF32)",
+        );
+    });
 }
 
 #[test]
 fn block_scaled_gemm_is_blackwell_only() {
-    let Some(g) = gpu("block_scaled_gemm_is_blackwell_only") else {
+    let Some((g, _checks)) = gpu("block_scaled_gemm_is_blackwell_only") else {
         return;
     };
     let x = data(128, 256, 3);
