@@ -9,7 +9,7 @@ use trainer::data::{DataSource, ShardFormat};
 use trainer::recipe::Recipe;
 use trainer::report::{self, RunResult};
 use trainer::sample::{SampleConfig, Sampler};
-use trainer::train::{read_metrics, RunConfig, TrainError, TrainOptions, Trainer};
+use trainer::train::{read_metrics, RunConfig, RunSummary, TrainError, TrainOptions, Trainer};
 
 /// Model, data and run settings shared by `train` and `compare`.
 #[derive(Args, Debug, Clone)]
@@ -77,7 +77,10 @@ pub struct CompareArgs {
     #[arg(long, default_value_t = 1, value_name = "N")]
     seeds: u64,
     /// Report directory (default: runs/compare-seed<seed>-<unix time>); each run goes into
-    /// a subdirectory named after its recipe (`<recipe>/seed<k>` with several seeds).
+    /// a subdirectory named after its recipe (`<recipe>/seed<k>` with several seeds). A run
+    /// that already finished there with the same configuration and recipe is reused, so an
+    /// interrupted comparison, or one extended with more seeds or recipes, trains only
+    /// what is missing.
     #[arg(long)]
     out: Option<PathBuf>,
 }
@@ -319,6 +322,21 @@ pub fn run_compare(args: CompareArgs) -> Result<()> {
         };
         let mut run_cfg = cfg.clone();
         run_cfg.train.seed = seed;
+        if let Some(summary) = finished_run(&dir, &run_cfg, recipe) {
+            println!(
+                "{} seed {seed}: reusing the finished run in {} (final validation loss {:.4})",
+                summary.recipe,
+                dir.display(),
+                summary.final_val_loss
+            );
+            let metrics = read_metrics(&dir.join("metrics.jsonl"))?;
+            results.push(RunResult {
+                seed,
+                summary,
+                metrics,
+            });
+            continue;
+        }
         let mut tr = Trainer::new(
             run_cfg,
             recipe.clone(),
@@ -376,6 +394,21 @@ pub fn run_compare(args: CompareArgs) -> Result<()> {
         out.join("train-loss.svg").display()
     );
     Ok(())
+}
+
+/// The summary of a run that already finished in `dir` with exactly this configuration and
+/// recipe (its `run.toml` and `recipe.toml` match and it wrote `summary.json`), so that a
+/// comparison that was interrupted, or is extended with more seeds or recipes, does not
+/// train it again.
+fn finished_run(dir: &Path, cfg: &RunConfig, recipe: &Recipe) -> Option<RunSummary> {
+    let same = |name: &str, want: String| {
+        std::fs::read_to_string(dir.join(name)).is_ok_and(|have| have == want)
+    };
+    if !(same("run.toml", cfg.to_toml()) && same("recipe.toml", recipe.to_toml())) {
+        return None;
+    }
+    let text = std::fs::read_to_string(dir.join("summary.json")).ok()?;
+    serde_json::from_str(&text).ok()
 }
 
 pub fn run_sample(args: SampleArgs) -> Result<()> {

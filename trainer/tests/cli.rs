@@ -148,3 +148,49 @@ fn data_stats_on_corpus_text_and_shards() {
     let o = trainer(&["data", "stats", "--file", "a", "--shard", "b"]);
     assert!(!o.status.success());
 }
+
+#[test]
+fn compare_with_seeds_reports_statistics_and_reuses_finished_runs() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("cmp");
+    let args = |seeds: &'static str| {
+        vec![
+            "compare".to_string(),
+            "--preset".into(),
+            "tiny".into(),
+            "--steps".into(),
+            "6".into(),
+            "--eval-every".into(),
+            "3".into(),
+            "--recipes".into(),
+            "bf16,fp8-current".into(),
+            "--seeds".into(),
+            seeds.into(),
+            "--quiet".into(),
+            "--out".into(),
+            out.to_str().unwrap().into(),
+        ]
+    };
+    let run = |a: Vec<String>| {
+        let a: Vec<&str> = a.iter().map(String::as_str).collect();
+        trainer(&a)
+    };
+    let o = run(args("2"));
+    assert!(o.status.success(), "{}", stderr(&o));
+    let md = std::fs::read_to_string(out.join("report.md")).unwrap();
+    assert!(md.contains("| fp8-current | 2 | "), "{md}");
+    assert!(md.contains("worse than bf16"), "{md}");
+    assert!(out.join("fp8-current/seed1/summary.json").is_file());
+    // One more seed: the four finished runs are reused, only seed 2 trains.
+    let o = run(args("3"));
+    assert!(o.status.success(), "{}", stderr(&o));
+    let log = stdout(&o);
+    assert_eq!(log.matches("reusing the finished run").count(), 4, "{log}");
+    assert!(log.contains("bf16 seed 2: final validation loss"), "{log}");
+    let md = std::fs::read_to_string(out.join("report.md")).unwrap();
+    assert!(md.contains("| fp8-current | 3 | "), "{md}");
+    // Bad counts are refused.
+    let o = run(args("0"));
+    assert!(!o.status.success());
+    assert!(stderr(&o).contains("--seeds must be at least 1"));
+}
