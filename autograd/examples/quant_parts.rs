@@ -7,9 +7,11 @@
 //! memcpy of the same bytes, the f32 GEMM of the layer and the whole emulated Wgrad GEMM
 //! (`quant::qgemm::quantized_matmul_tn`) in FP32 and NVFP4. Environment: `COLD=1` evicts the
 //! caches (64 MiB of writes) before every run, as a training step's GEMMs do; `ONLY=<text>`
-//! runs only the quantizer rows whose name contains the text.
+//! runs only the quantizer rows whose name contains the text. The MX rows time the
+//! operands of `GemmPolicy::mxfp8()` (E4M3, RCEIL, RNE) and an MXFP4 (E2M1, FLOOR) case.
 use std::time::Instant;
 
+use fp_formats::mx::{MxElement, ScaleRule};
 use quant::gemm::{sgemm, MatRef};
 use quant::qgemm::{quantized_matmul_tn, Operand};
 use quant::{fake, GemmPolicy, OperandQuant, QuantState, RngKey, Usage};
@@ -41,7 +43,9 @@ fn main() {
     let x = autograd::init::normal(2 * t * h, 1.0, 1);
     let key = RngKey { seed: 1, stream: 9 };
     let b = OperandQuant::BF16;
-    let cases: [(&str, usize, usize, Usage, OperandQuant); 8] = [
+    let m8 = GemmPolicy::mxfp8().fprop.a;
+    let m4 = OperandQuant::mx(MxElement::E2M1, ScaleRule::Floor);
+    let cases: [(&str, usize, usize, Usage, OperandQuant); 14] = [
         ("bf16 row [2048,768]", t, h, Usage::Rowwise, b),
         ("bf16 col [2048,768]", t, h, Usage::Columnwise, b),
         ("X row 1x16 [2048,256]", t, d, Usage::Rowwise, p.fprop.a),
@@ -56,6 +60,12 @@ fn main() {
             p.wgrad.a,
         ),
         ("X col RHT [2048,256]", t, d, Usage::Columnwise, p.wgrad.b),
+        ("mxfp8 X row [2048,256]", t, d, Usage::Rowwise, m8),
+        ("mxfp8 W row [768,256]", h, d, Usage::Rowwise, m8),
+        ("mxfp8 dY row [2048,768]", t, h, Usage::Rowwise, m8),
+        ("mxfp8 dY col [2048,768]", t, h, Usage::Columnwise, m8),
+        ("mxfp8 X col [2048,256]", t, d, Usage::Columnwise, m8),
+        ("mxfp4 dY row [2048,768]", t, h, Usage::Rowwise, m4),
     ];
     for threads in [1, 2] {
         let pool = rayon::ThreadPoolBuilder::new()
@@ -113,7 +123,11 @@ fn main() {
         2.0 * (t * d * h) as f64 / s * 1e-9
     );
     let mut dw = vec![0.0f32; h * d];
-    for (name, pol) in [("fp32", GemmPolicy::FP32), ("nvfp4", p)] {
+    for (name, pol) in [
+        ("fp32", GemmPolicy::FP32),
+        ("nvfp4", p),
+        ("mxfp8", GemmPolicy::mxfp8()),
+    ] {
         let s = best(reps, || {
             quantized_matmul_tn(
                 Operand::new(dy, t, h, Usage::Columnwise, &pol.wgrad.a).with_key(key),

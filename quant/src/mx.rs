@@ -19,6 +19,16 @@
 //! `F(fl(x · 2^(127 - b)))` with saturating RNE (or SR), exactly
 //! `fp_formats::mx::quantize_block`. Input must be finite.
 //!
+//! # Implementation
+//! [`fake_quantize_into`] and [`quantize`] run the fused kernel of `mx/fast.rs`: per block
+//! the amax and [`ScaleRule::scale`], then per element the saturating RNE (or SR) rounding
+//! done in the f32 domain on the grid of the element format, written as
+//! `element · 2^(b - 127)` (fake quantization) or as the code, bit for bit what
+//! `F::from_f32(..)` and the decoder give (tested exhaustively for RNE, on every decision
+//! point for SR, and on whole tensors against the previous codes path). The emulated GEMM
+//! quantizes columnwise operands without RHT in the source layout
+//! (`fake_quantize_columnwise_source_layout`, the same values, no transpose).
+//!
 //! # Hadamard transform
 //! [`Rht::FixedSigns`] / [`Rht::RandomSigns`] (columnwise usage only): every 16-element
 //! chunk of a stored row is replaced by its BF16-rounded 16-point transform
@@ -62,7 +72,7 @@
 //! ```
 
 use fp_formats::mx::{MxElement, ScaleRule, BLOCK};
-use fp_formats::{ElementFormat, Overflow, Rounding, E2M1, E2M3, E3M2, E4M3, E5M2, E8M0};
+use fp_formats::{ElementFormat, E2M1, E2M3, E3M2, E4M3, E5M2, E8M0};
 use rayon::prelude::*;
 
 use crate::config::{BlockShape, OperandQuant, QuantFormat, Rht, RoundingMode, Usage};
@@ -72,8 +82,19 @@ use crate::{QuantError, QuantizedTensor, RngKey};
 /// `fl(4/3)`: the per-tensor factor of the 3/4-prescaled stochastic variant.
 pub const PRESCALE_INV: f32 = 4.0 / 3.0;
 
-/// An MX element format with its fastest exact RNE cast of a block of scaled values.
+mod fast;
+
+/// An MX element format: the grid constants of the fused kernels ([`fast`]) and, for the
+/// tests, the exact RNE cast of a block of scaled values that the codes path used before
+/// them (the reference).
 trait Elem: ElementFormat {
+    /// Unbiased exponent of the smallest normal value (`1 - bias`).
+    const EMIN: i32;
+    /// The f32 bits of `2^EMIN`.
+    const MIN_NORMAL_BITS: u32 = ((127 + Self::EMIN) as u32) << 23;
+
+    /// Saturating RNE codes of a block of scaled values (the reference encoder).
+    #[cfg(test)]
     #[inline(always)]
     fn rne_block(y: &[f32; BLOCK], out: &mut [u8]) {
         for (o, &v) in out.iter_mut().zip(y) {
@@ -82,6 +103,8 @@ trait Elem: ElementFormat {
     }
 }
 impl Elem for E4M3 {
+    const EMIN: i32 = -6;
+    #[cfg(test)]
     #[inline(always)]
     fn rne_block(y: &[f32; BLOCK], out: &mut [u8]) {
         // fp-formats' slice encoder (AVX2 when available), bit-identical to encode_rne_sat.
@@ -89,6 +112,8 @@ impl Elem for E4M3 {
     }
 }
 impl Elem for E2M1 {
+    const EMIN: i32 = 0;
+    #[cfg(test)]
     #[inline(always)]
     fn rne_block(y: &[f32; BLOCK], out: &mut [u8]) {
         for (o, &v) in out.iter_mut().zip(y) {
@@ -96,9 +121,15 @@ impl Elem for E2M1 {
         }
     }
 }
-impl Elem for E5M2 {}
-impl Elem for E2M3 {}
-impl Elem for E3M2 {}
+impl Elem for E5M2 {
+    const EMIN: i32 = -14;
+}
+impl Elem for E2M3 {
+    const EMIN: i32 = 0;
+}
+impl Elem for E3M2 {
+    const EMIN: i32 = -2;
+}
 
 /// Resolved settings of one MX quantization.
 #[derive(Clone, Copy)]
@@ -173,89 +204,39 @@ impl PanelStats {
     }
 }
 
-/// Quantizes `n` stored rows (`src`, `[n, scols]`) to unpacked codes (`[n, pcols]`) and
-/// scales (`[n, pcols / 32]`).
-fn quantize_rows<F: Elem>(
-    c: &MxCast,
-    src: &[f32],
-    rbits: Option<&[u8]>,
-    scols: usize,
-    codes: &mut [u8],
-    scales: &mut [u8],
-) -> PanelStats {
-    let pcols = scols.div_ceil(BLOCK) * BLOCK;
-    let bpr = pcols / BLOCK;
-    let mut st = PanelStats::default();
-    let mut pad = [0.0f32; BLOCK];
-    for (r, row) in src.chunks_exact(scols).enumerate() {
-        for b in 0..bpr {
-            let start = b * BLOCK;
-            let end = (start + BLOCK).min(scols);
-            let rb = rbits.map(|rb| &rb[r * pcols + start..r * pcols + start + BLOCK]);
-            let blk: &[f32] = if end - start == BLOCK {
-                &row[start..end]
-            } else {
-                pad.fill(0.0);
-                pad[..end - start].copy_from_slice(&row[start..end]);
-                &pad[..]
-            };
-            let amax = fp_formats::nvfp4::block_amax(blk);
-            let scale = c.rule.scale::<F>(amax);
-            st.amax = st.amax.max(amax);
-            scales[r * bpr + b] = scale.0;
-            let inv = scale.reciprocal();
-            let mul = if c.prescale { inv * 0.75 } else { inv };
-            let out = &mut codes[r * pcols + start..r * pcols + start + BLOCK];
-            let (mut clipped, mut bad) = (0usize, false);
-            match rb {
-                None => {
-                    let mut ys = [0.0f32; BLOCK];
-                    for (o, &v) in ys.iter_mut().zip(blk) {
-                        let y = v * mul;
-                        clipped += (y.abs() > F::MAX) as usize;
-                        bad |= !y.is_finite();
-                        *o = y;
-                    }
-                    F::rne_block(&ys, out);
-                }
-                Some(rb) => {
-                    for ((o, &v), &r) in out.iter_mut().zip(blk).zip(rb) {
-                        let y = v * mul;
-                        let a = y.abs();
-                        clipped += (a > F::MAX) as usize;
-                        bad |= !y.is_finite();
-                        *o = F::from_f32(y, Rounding::Stochastic(r), Overflow::Saturate).to_bits();
-                    }
-                }
-            }
-            st.clipped += clipped;
-            st.non_finite |= bad;
-        }
+/// Checks that the Hadamard transform's dimension (the stored row length) is a multiple of
+/// 16.
+fn check_rht(c: &MxCast, rows: usize, scols: usize) -> Result<(), QuantError> {
+    if c.rht != Rht::Off && scols % crate::hadamard::N != 0 {
+        return Err(QuantError::InvalidConfig(format!(
+            "the Hadamard transform needs the transformed dimension (rows = {rows}) to be a \
+             multiple of 16"
+        )));
     }
-    st
+    Ok(())
 }
 
-fn quantize_rows_dyn(
-    c: &MxCast,
-    src: &[f32],
-    rbits: Option<&[u8]>,
-    scols: usize,
-    codes: &mut [u8],
-    scales: &mut [u8],
-) -> PanelStats {
-    match c.element {
-        MxElement::E4M3 => quantize_rows::<E4M3>(c, src, rbits, scols, codes, scales),
-        MxElement::E5M2 => quantize_rows::<E5M2>(c, src, rbits, scols, codes, scales),
-        MxElement::E2M3 => quantize_rows::<E2M3>(c, src, rbits, scols, codes, scales),
-        MxElement::E3M2 => quantize_rows::<E3M2>(c, src, rbits, scols, codes, scales),
-        MxElement::E2M1 => quantize_rows::<E2M1>(c, src, rbits, scols, codes, scales),
+/// Turns a pass's non-finite flag into the error that names the offending input element.
+fn check_finite(x: &[f32], st: PanelStats) -> Result<PanelStats, QuantError> {
+    if st.non_finite {
+        let err = match fp_formats::finite_amax(x) {
+            Err(e) => e,
+            Ok(_) => fp_formats::FormatError::NonFinite {
+                index: 0,
+                value: f32::INFINITY,
+            },
+        };
+        return Err(err.into());
     }
+    Ok(st)
 }
 
-/// Runs the quantizer over the stored layout in parallel panels. `sink(r0, n, codes,
-/// scales)` consumes each panel's unpacked codes `[n, pcols]` and scales `[n, bpr]`;
-/// `direct` gives the panel an output chunk for the unpacked codes when the caller can
-/// take them in place (MXFP8 quantize).
+/// Runs the codes quantizer over the stored layout in parallel panels of `p` stored rows.
+/// `body(out, src, rbits, scales, codes)` quantizes one panel: `out` is the panel's chunk of
+/// the output (`out_per_row` items per stored row), `src` its stored rows (`[n, scols]`,
+/// transposed and transformed as the usage and RHT ask), `rbits` its random bytes (`[n,
+/// pcols]`, stochastic rounding only), `scales` its chunk of the scales (`[n, bpr]`) and
+/// `codes` a scratch buffer for unpacked codes.
 #[allow(clippy::too_many_arguments)]
 fn run<T: Send>(
     x: &[f32],
@@ -266,7 +247,7 @@ fn run<T: Send>(
     out: &mut [T],
     out_per_row: usize,
     scales: &mut [u8],
-    sink: impl Fn(&mut [T], &[u8], &[u8]) + Sync,
+    body: impl Fn(&mut [T], &[f32], Option<&[u8]>, &mut [u8], &mut Vec<u8>) -> PanelStats + Sync,
 ) -> Result<PanelStats, QuantError> {
     let (srows, scols) = stored_shape(rows, cols, usage);
     if srows == 0 || scols == 0 {
@@ -275,12 +256,7 @@ fn run<T: Send>(
     let pcols = scols.div_ceil(BLOCK) * BLOCK;
     let bpr = pcols / BLOCK;
     let p = panel::panel_rows_for(scols, usage);
-    if c.rht != Rht::Off && scols % crate::hadamard::N != 0 {
-        return Err(QuantError::InvalidConfig(format!(
-            "the Hadamard transform needs the transformed dimension (rows = {rows}) to be a \
-             multiple of 16"
-        )));
-    }
+    check_rht(c, rows, scols)?;
     let st = out
         .par_chunks_mut(p * out_per_row)
         .zip(scales.par_chunks_mut(p * bpr))
@@ -294,7 +270,6 @@ fn run<T: Send>(
                     crate::philox::fill_random_bytes(key, (r0 * pcols) as u64, rb);
                     &*rb
                 });
-                let codes = grow(&mut s.codes, n * pcols);
                 let src: &[f32] = if c.rht == Rht::Off {
                     stored_panel(x, rows, cols, usage, r0, n, &mut s.panel)
                 } else {
@@ -302,23 +277,11 @@ fn run<T: Send>(
                     crate::fake::apply_rht(p, c.rht, c.key);
                     p
                 };
-                let st = quantize_rows_dyn(c, src, rb, scols, codes, sc);
-                sink(chunk, codes, sc);
-                st
+                body(chunk, src, rb, sc, &mut s.codes)
             })
         })
         .reduce(PanelStats::default, PanelStats::merge);
-    if st.non_finite {
-        let err = match fp_formats::finite_amax(x) {
-            Err(e) => e,
-            Ok(_) => fp_formats::FormatError::NonFinite {
-                index: 0,
-                value: f32::INFINITY,
-            },
-        };
-        return Err(err.into());
-    }
-    Ok(st)
+    check_finite(x, st)
 }
 
 /// Quantizes to MX in the stored layout (see the module docs for layout and arithmetic).
@@ -341,7 +304,7 @@ pub fn quantize(
     let row_bytes = c.element.packed_len(pcols);
     let mut codes = vec![0u8; srows * row_bytes];
     let mut scales = vec![0u8; srows * (pcols / BLOCK)];
-    let element = c.element;
+    let bits = c.element.bits();
     let st = run(
         x,
         rows,
@@ -351,14 +314,20 @@ pub fn quantize(
         &mut codes,
         row_bytes,
         &mut scales,
-        |out, u, _| {
+        |out, src, rb, sc, buf| {
+            if bits == 8 {
+                // One byte per code: straight into the output.
+                return fast::codes_panel(&c, src, rb, scols, out, sc, false);
+            }
+            let u = grow(buf, out.len() / row_bytes * pcols);
+            let st = fast::codes_panel(&c, src, rb, scols, u, sc, false);
             for (o, row) in out.chunks_exact_mut(row_bytes).zip(u.chunks_exact(pcols)) {
-                match element.bits() {
-                    8 => o.copy_from_slice(row),
-                    6 => o.copy_from_slice(&fp_formats::pack::pack_fp6(row)),
+                match bits {
+                    6 => fp_formats::pack::pack_fp6_into(row, o),
                     _ => fp_formats::pack::pack_fp4_into(row, o),
                 }
             }
+            st
         },
     )?;
     Ok(QuantizedTensor {
@@ -378,7 +347,11 @@ pub fn quantize(
 
 /// Fake quantization: writes `element(code) · 2^(b - 127)` (without the per-tensor factor)
 /// in the stored layout into `out` (`rows * cols` elements, padding dropped) and returns
-/// the per-tensor factor (1, or [`PRESCALE_INV`] for `sr_prescale`). Exact in f32.
+/// the per-tensor factor (1, or [`PRESCALE_INV`] for `sr_prescale`). Exact in f32; the
+/// values are those of [`quantize`] and [`dequantize`] without the factor, bit for bit,
+/// computed by the fused path (`mx/fast.rs`) without producing codes.
+///
+/// Errors: as [`quantize`], plus `out.len() != x.len()`.
 pub fn fake_quantize_into(
     x: &[f32],
     rows: usize,
@@ -391,6 +364,8 @@ pub fn fake_quantize_into(
     fake_quantize_counting(x, rows, cols, usage, q, key, out).map(|(f, _)| f)
 }
 
+/// [`fake_quantize_into`] that also returns how many elements clipped at the element
+/// maximum (`|x · 2^(127 - b)| > MAX`).
 pub(crate) fn fake_quantize_counting(
     x: &[f32],
     rows: usize,
@@ -400,52 +375,87 @@ pub(crate) fn fake_quantize_counting(
     key: RngKey,
     out: &mut [f32],
 ) -> Result<(f32, usize), QuantError> {
+    fake_quantize_impl(x, rows, cols, usage, q, key, out, false)
+}
+
+/// The fused fake quantization; `portable` forces the baseline (non-AVX2) build (tests).
+#[allow(clippy::too_many_arguments)]
+fn fake_quantize_impl(
+    x: &[f32],
+    rows: usize,
+    cols: usize,
+    usage: Usage,
+    q: &OperandQuant,
+    key: RngKey,
+    out: &mut [f32],
+    portable: bool,
+) -> Result<(f32, usize), QuantError> {
     let c = settings(q, usage, key)?;
     panel::check_len(x, rows, cols)?;
     panel::check_out(out, x.len())?;
-    let (srows, scols) = stored_shape(rows, cols, usage);
-    let pcols = scols.div_ceil(BLOCK) * BLOCK;
-    let bpr = pcols / BLOCK;
-    let mut scales = vec![0u8; srows * bpr];
-    let element = c.element;
-    let st = run(
-        x,
-        rows,
-        cols,
-        usage,
-        &c,
-        out,
-        scols,
-        &mut scales,
-        |o, u, sc| {
-            for ((orow, crow), srow) in o
-                .chunks_exact_mut(scols)
-                .zip(u.chunks_exact(pcols))
-                .zip(sc.chunks_exact(bpr))
-            {
-                decode_row(element, crow, srow, orow);
-            }
-        },
-    )?;
+    let st = fast::fake_quantize(x, rows, cols, usage, &c, out, portable)?;
     Ok((if c.prescale { PRESCALE_INV } else { 1.0 }, st.clipped))
 }
 
-/// `out[i] = element(codes[i]) · scale(i / 32)` for one stored row (unpacked codes).
-fn decode_row(element: MxElement, codes: &[u8], scales: &[u8], out: &mut [f32]) {
-    fn go<F: ElementFormat>(codes: &[u8], scales: &[u8], out: &mut [f32]) {
+/// The columnwise fake quantization written in the **source layout** (`out` shaped like
+/// `x`: `out[r * cols + c]` is the value [`fake_quantize_into`] writes at stored position
+/// `(c, r)`), for a GEMM that reads the operand through a transposed view: no transposing
+/// copy. Returns the per-tensor factor, or `None` for an operand with RHT (whose transform
+/// runs along the stored rows; the caller then uses the stored layout).
+///
+/// Errors: as [`fake_quantize_into`].
+pub(crate) fn fake_quantize_columnwise_source_layout(
+    x: &[f32],
+    rows: usize,
+    cols: usize,
+    q: &OperandQuant,
+    key: RngKey,
+    out: &mut [f32],
+) -> Result<Option<f32>, QuantError> {
+    source_layout_impl(x, rows, cols, q, key, out, false).map(|r| r.map(|(f, _)| f))
+}
+
+/// [`fake_quantize_columnwise_source_layout`] with the clipped count; `portable` forces the
+/// baseline build (tests).
+fn source_layout_impl(
+    x: &[f32],
+    rows: usize,
+    cols: usize,
+    q: &OperandQuant,
+    key: RngKey,
+    out: &mut [f32],
+    portable: bool,
+) -> Result<Option<(f32, usize)>, QuantError> {
+    let c = settings(q, Usage::Columnwise, key)?;
+    panel::check_len(x, rows, cols)?;
+    panel::check_out(out, x.len())?;
+    if c.rht != Rht::Off {
+        return Ok(None);
+    }
+    let st = fast::fake_quantize_columnwise_source_layout(x, rows, cols, &c, out, portable)?;
+    Ok(Some((
+        if c.prescale { PRESCALE_INV } else { 1.0 },
+        st.clipped,
+    )))
+}
+
+/// `out[i] = element(codes[i]) · scale(i / 32) · f` for one stored row (unpacked codes;
+/// `out` may be shorter than `codes`, dropping the padding).
+fn decode_row(element: MxElement, codes: &[u8], scales: &[u8], f: f32, out: &mut [f32]) {
+    fn go<F: ElementFormat>(codes: &[u8], scales: &[u8], f: f32, out: &mut [f32]) {
         for ((o, c), &s) in out.chunks_mut(BLOCK).zip(codes.chunks(BLOCK)).zip(scales) {
             let s = E8M0(s).value();
             for (o, &c) in o.iter_mut().zip(c) {
-                *o = F::from_bits(c).to_f32() * s;
+                *o = F::from_bits(c).to_f32() * s * f;
             }
         }
     }
     match element {
-        MxElement::E4M3 => go::<E4M3>(codes, scales, out),
-        MxElement::E5M2 => go::<E5M2>(codes, scales, out),
-        MxElement::E2M3 => go::<E2M3>(codes, scales, out),
-        MxElement::E3M2 => go::<E3M2>(codes, scales, out),
-        MxElement::E2M1 => go::<E2M1>(codes, scales, out),
+        MxElement::E4M3 => go::<E4M3>(codes, scales, f, out),
+        MxElement::E5M2 => go::<E5M2>(codes, scales, f, out),
+        MxElement::E2M3 => go::<E2M3>(codes, scales, f, out),
+        MxElement::E3M2 => go::<E3M2>(codes, scales, f, out),
+        MxElement::E2M1 => go::<E2M1>(codes, scales, f, out),
     }
 }
 
@@ -466,23 +476,26 @@ pub fn dequantize(t: &QuantizedTensor) -> Vec<f32> {
     let row_bytes = element.packed_len(pcols);
     let bpr = pcols / BLOCK;
     let f = t.tensor_scale_inv;
-    out.par_chunks_mut(cols).enumerate().for_each(|(r, orow)| {
-        let bytes = &t.codes[r * row_bytes..(r + 1) * row_bytes];
-        let codes: Vec<u8> = match element.bits() {
-            8 => bytes.to_vec(),
-            6 => fp_formats::pack::unpack_fp6(bytes, pcols).expect("row length"),
-            _ => fp_formats::pack::unpack_fp4(bytes, pcols).expect("row length"),
-        };
-        let mut full = vec![0.0f32; pcols];
-        decode_row(
-            element,
-            &codes,
-            &t.scales[r * bpr..(r + 1) * bpr],
-            &mut full,
-        );
-        for (o, &v) in orow.iter_mut().zip(&full) {
-            *o = v * f;
-        }
-    });
+    out.par_chunks_mut(cols)
+        .enumerate()
+        .for_each_init(Vec::new, |buf: &mut Vec<u8>, (r, orow)| {
+            let bytes = &t.codes[r * row_bytes..(r + 1) * row_bytes];
+            let codes: &[u8] = match element.bits() {
+                8 => bytes,
+                bits => {
+                    let u = grow(buf, pcols);
+                    if bits == 6 {
+                        fp_formats::pack::unpack_fp6_into(bytes, u);
+                    } else {
+                        fp_formats::pack::unpack_fp4_into(bytes, u);
+                    }
+                    u
+                }
+            };
+            decode_row(element, codes, &t.scales[r * bpr..(r + 1) * bpr], f, orow);
+        });
     out
 }
+
+#[cfg(test)]
+mod tests;

@@ -124,6 +124,23 @@ fn transpose_into(x: &[f32], rows: usize, cols: usize, r0: usize, n: usize, out:
     }
 }
 
+/// Stored rows `r0 .. r0 + n` written into `out` (`n * stored_cols` elements): a copy for
+/// rowwise usage, the transposed columns for columnwise usage.
+pub(crate) fn stored_panel_into(
+    x: &[f32],
+    rows: usize,
+    cols: usize,
+    usage: Usage,
+    r0: usize,
+    n: usize,
+    out: &mut [f32],
+) {
+    match usage {
+        Usage::Rowwise => out.copy_from_slice(&x[r0 * cols..(r0 + n) * cols]),
+        Usage::Columnwise => transpose_into(x, rows, cols, r0, n, out),
+    }
+}
+
 /// Stored rows `r0 .. r0 + n` copied into `buf` (so they can be transformed in place).
 pub(crate) fn stored_panel_owned<'a>(
     x: &[f32],

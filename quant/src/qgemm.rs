@@ -11,10 +11,10 @@
 //!   views, and an all-FP32 product is bit for bit the plain [`sgemm`] / [`matmul_tn`].
 //! * Quantized operands are fake-quantized into reusable scratch buffers (per thread, or a
 //!   caller-provided [`GemmWorkspace`]); quantization is `O(MK + NK)` against the GEMM's
-//!   `O(MNK)`. Columnwise NVFP4 operands stay in the layout of the tensor (the GEMM reads
-//!   them through a transposed view, like an f32 operand). The α epilogue is split across
-//!   the rayon pool for large outputs
-//!   (elementwise, so the bytes do not depend on the thread count).
+//!   `O(MNK)`. Columnwise NVFP4 and MX (without RHT) operands stay in the layout of the
+//!   tensor (the GEMM reads them through a transposed view, like an f32 operand). The α
+//!   epilogue is split across the rayon pool for large outputs (elementwise, so the bytes
+//!   do not depend on the thread count).
 //! * An operand used by two GEMMs can be fake-quantized once ([`fake_operand`]) and passed
 //!   to [`quantized_matmul_tn_prequantized`]; when its quantizer is [`transpose_exact`]
 //!   (NVFP4 16x16 RNE, BF16 RNE), the same values serve the columnwise usage through
@@ -373,6 +373,12 @@ fn prepare<'a>(op: Operand<'a>, buf: &'a mut Vec<f32>) -> Result<(MatRef<'a>, f3
                     op.data, op.rows, op.cols, op.quant, op.key, dst,
                 )?)
             }
+            // MX blocks run along the stored rows, i.e. down 32-row strips of the source:
+            // a lane-wise kernel quantizes them without a transpose (not with RHT, whose
+            // transform runs along the stored rows too).
+            QuantFormat::Mx { .. } => crate::mx::fake_quantize_columnwise_source_layout(
+                op.data, op.rows, op.cols, op.quant, op.key, dst,
+            )?,
             // BF16 and per-tensor FP8 round each element on its own (FP8's one scale comes
             // from the whole tensor's amax, whatever the usage): the rowwise rounding is the
             // columnwise one transposed. Not with stochastic rounding, whose random bits are
