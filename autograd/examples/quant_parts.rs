@@ -8,13 +8,20 @@
 //! (`quant::qgemm::quantized_matmul_tn`) in FP32 and NVFP4. Environment: `COLD=1` evicts the
 //! caches (64 MiB of writes) before every run, as a training step's GEMMs do; `ONLY=<text>`
 //! runs only the quantizer rows whose name contains the text. The MX rows time the
-//! operands of `GemmPolicy::mxfp8()` (E4M3, RCEIL, RNE) and an MXFP4 (E2M1, FLOOR) case.
+//! operands of `GemmPolicy::mxfp8()` (E4M3, RCEIL, RNE) and an MXFP4 (E2M1, FLOOR) case; the
+//! FP8 rows those of `GemmPolicy::fp8_current_hybrid()` (the `fp8-current` recipe: E4M3 X and
+//! W, E5M2 dY, current scaling; "col" is the stored layout, the emulated GEMM's columnwise
+//! operand is the rowwise cast read through a transposed view), a delayed-scaling and a
+//! stochastic-rounding case, and the codes path (`fake::quantize`, "codes" rows).
 use std::time::Instant;
 
 use fp_formats::mx::{MxElement, ScaleRule};
 use quant::gemm::{sgemm, MatRef};
 use quant::qgemm::{quantized_matmul_tn, Operand};
-use quant::{fake, GemmPolicy, OperandQuant, QuantState, RngKey, Usage};
+use quant::{
+    fake, AmaxAlgo, Fp8Element, Fp8Scaling, GemmPolicy, OperandQuant, QuantFormat, QuantState,
+    RngKey, RoundingMode, Usage,
+};
 
 fn best(reps: usize, mut f: impl FnMut()) -> f64 {
     let cold = std::env::var_os("COLD").is_some();
@@ -45,7 +52,21 @@ fn main() {
     let b = OperandQuant::BF16;
     let m8 = GemmPolicy::mxfp8().fprop.a;
     let m4 = OperandQuant::mx(MxElement::E2M1, ScaleRule::Floor);
-    let cases: [(&str, usize, usize, Usage, OperandQuant); 14] = [
+    let f8 = GemmPolicy::fp8_current_hybrid();
+    let (e4, e5) = (f8.fprop.a, f8.dgrad.a);
+    let e4_delayed = OperandQuant {
+        format: QuantFormat::Fp8 {
+            element: Fp8Element::E4M3,
+            scaling: Fp8Scaling::Delayed {
+                history_len: 16,
+                margin: 0,
+                algo: AmaxAlgo::Max,
+            },
+        },
+        ..e4
+    };
+    let e5_sr = e5.with_rounding(RoundingMode::Stochastic);
+    let cases: [(&str, usize, usize, Usage, OperandQuant); 22] = [
         ("bf16 row [2048,768]", t, h, Usage::Rowwise, b),
         ("bf16 col [2048,768]", t, h, Usage::Columnwise, b),
         ("X row 1x16 [2048,256]", t, d, Usage::Rowwise, p.fprop.a),
@@ -66,6 +87,20 @@ fn main() {
         ("mxfp8 dY col [2048,768]", t, h, Usage::Columnwise, m8),
         ("mxfp8 X col [2048,256]", t, d, Usage::Columnwise, m8),
         ("mxfp4 dY row [2048,768]", t, h, Usage::Rowwise, m4),
+        ("fp8 X row e4m3 [2048,256]", t, d, Usage::Rowwise, e4),
+        ("fp8 W row e4m3 [768,256]", h, d, Usage::Rowwise, e4),
+        ("fp8 dY row e5m2 [2048,768]", t, h, Usage::Rowwise, e5),
+        ("fp8 dY col e5m2 [2048,768]", t, h, Usage::Columnwise, e5),
+        (
+            "fp8 X row delayed [2048,256]",
+            t,
+            d,
+            Usage::Rowwise,
+            e4_delayed,
+        ),
+        ("fp8 dY row e5m2 SR [2048,768]", t, h, Usage::Rowwise, e5_sr),
+        ("fp8 codes X row e4m3 [2048,256]", t, d, Usage::Rowwise, e4),
+        ("fp8 codes dY row e5m2 [2048,768]", t, h, Usage::Rowwise, e5),
     ];
     for threads in [1, 2] {
         let pool = rayon::ThreadPoolBuilder::new()
@@ -80,12 +115,27 @@ fn main() {
                 let n = r * c;
                 let mut out = vec![0.0f32; n];
                 let mut st = QuantState::new();
+                let codes = name.contains("codes");
                 let s = best(reps, || {
-                    fake::fake_quantize_into(&x[..n], *r, *c, *usage, q, key, &mut st, &mut out)
+                    if codes {
+                        let t = fake::quantize(&x[..n], *r, *c, *usage, q, key, &mut st).unwrap();
+                        std::hint::black_box(t);
+                    } else {
+                        fake::fake_quantize_into(
+                            &x[..n],
+                            *r,
+                            *c,
+                            *usage,
+                            q,
+                            key,
+                            &mut st,
+                            &mut out,
+                        )
                         .unwrap();
+                    }
                 });
                 println!(
-                    "{threads}t {name:<28} {:>8.3} ms {:>6.2} ns/elem",
+                    "{threads}t {name:<33} {:>8.3} ms {:>6.2} ns/elem",
                     s * 1e3,
                     s * 1e9 / n as f64
                 );
@@ -127,6 +177,7 @@ fn main() {
         ("fp32", GemmPolicy::FP32),
         ("nvfp4", p),
         ("mxfp8", GemmPolicy::mxfp8()),
+        ("fp8", f8),
     ] {
         let s = best(reps, || {
             quantized_matmul_tn(

@@ -20,6 +20,16 @@
 //! Choosing E4M3 for forward tensors and E5M2 for gradients (TE's HYBRID format) is the
 //! recipe's job: see [`crate::GemmPolicy::fp8_current_hybrid`].
 //!
+//! # Implementation
+//! [`fake_quantize_into`] and [`quantize`] run a fused cast (`fp8/fast.rs`, compiled for
+//! baseline and AVX2) that rounds `fl(x · scale)` onto the FP8 grid in the f32 domain with
+//! the element rounding the MX kernels use (`crate::grid`) and writes the FP8 value (or the
+//! code) directly, bit for bit what the encoder and decoder give, NaN and saturation
+//! included (tested against the previous encode + decode path on whole tensors, both
+//! scalings, over several delayed-scaling steps). Current scaling takes two passes (the
+//! amax, then the cast); delayed scaling one (the cast uses the previous step's scale and
+//! takes the amax on the way).
+//!
 //! ```
 //! use quant::{fp8, Fp8Element, OperandQuant, QuantState, RngKey, Usage};
 //! let x = [1.0f32, -2.0, 0.5, 7.0];
@@ -31,7 +41,7 @@
 //! assert_eq!(fp8::dequantize(&t), x.to_vec());
 //! ```
 
-use fp_formats::{ElementFormat, Overflow, Rounding, E4M3, E5M2};
+use fp_formats::{ElementFormat, E4M3, E5M2};
 use rayon::prelude::*;
 
 use crate::config::{
@@ -39,6 +49,8 @@ use crate::config::{
 };
 use crate::panel::{self, grow, stored_panel, stored_shape, with_scratch};
 use crate::{QuantError, QuantizedTensor, RngKey};
+
+mod fast;
 
 /// Largest finite value of an FP8 element format (E4M3 448, E5M2 57344).
 ///
@@ -324,49 +336,6 @@ pub(crate) fn tensor_amax(x: &[f32]) -> f32 {
         .reduce(|| 0.0, f32::max)
 }
 
-/// Picks the scale (current or delayed) and records the amax.
-fn prepare(
-    x: &[f32],
-    rows: usize,
-    cols: usize,
-    q: &OperandQuant,
-    key: RngKey,
-    state: &mut QuantState,
-) -> Result<(Cast, f32), QuantError> {
-    panel::check_len(x, rows, cols)?;
-    let (element, scaling) = settings(q)?;
-    let amax = tensor_amax(x);
-    let scale = match scaling {
-        Fp8Scaling::Current { power_of_two } => {
-            compute_scale_from_amax(amax, fp8_max(element), power_of_two)
-        }
-        Fp8Scaling::Delayed { history_len, .. } => {
-            state.ensure_history(history_len)?;
-            let s = state.scale;
-            state.record_amax(amax);
-            s
-        }
-    };
-    state.last_amax = amax;
-    state.last_scale = scale;
-    let sr = (q.rounding == RoundingMode::Stochastic).then_some(key);
-    Ok((Cast { element, scale, sr }, amax))
-}
-
-#[inline(always)]
-fn encode(element: Fp8Element, y: f32, r: Option<u8>) -> u8 {
-    match (element, r) {
-        (Fp8Element::E4M3, None) => E4M3::encode_rne_sat(y),
-        (Fp8Element::E5M2, None) => E5M2::from_f32_rne_sat(y).0,
-        (Fp8Element::E4M3, Some(r)) => {
-            E4M3::from_f32(y, Rounding::Stochastic(r), Overflow::Saturate).0
-        }
-        (Fp8Element::E5M2, Some(r)) => {
-            E5M2::from_f32(y, Rounding::Stochastic(r), Overflow::Saturate).0
-        }
-    }
-}
-
 #[inline(always)]
 fn decode(element: Fp8Element, code: u8) -> f32 {
     match element {
@@ -375,63 +344,77 @@ fn decode(element: Fp8Element, code: u8) -> f32 {
     }
 }
 
-/// Casts one contiguous run of stored elements into `codes` (same length). Returns the
-/// number of clipped elements (`|x · scale| > fp8_max`).
-#[inline(always)]
-fn cast_run(c: &Cast, src: &[f32], rbits: Option<&[u8]>, codes: &mut [u8]) -> usize {
-    let max = fp8_max(c.element);
-    let scale = c.scale;
-    let mut clipped = 0usize;
-    match rbits {
-        None => match c.element {
-            // Monomorphic zip loops so the fast E4M3 cast vectorises.
-            Fp8Element::E4M3 => {
-                // Scale a chunk at a time, then fp-formats' slice encoder (AVX2 when
-                // available, bit-identical to E4M3::encode_rne_sat).
-                let mut ys = [0.0f32; 512];
-                for (o, v) in codes.chunks_mut(512).zip(src.chunks(512)) {
-                    let ys = &mut ys[..v.len()];
-                    for (y, &v) in ys.iter_mut().zip(v) {
-                        *y = v * scale;
-                        clipped += (y.abs() > max) as usize;
-                    }
-                    E4M3::encode_slice_rne_sat(ys, o);
-                }
-            }
-            Fp8Element::E5M2 => {
-                // The same shape with fp-formats' branch-free E5M2 encoder (vectorises;
-                // bit-identical to E5M2::from_f32_rne_sat, checked on all f32 there).
-                let mut ys = [0.0f32; 512];
-                for (o, v) in codes.chunks_mut(512).zip(src.chunks(512)) {
-                    let ys = &mut ys[..v.len()];
-                    for (y, &v) in ys.iter_mut().zip(v) {
-                        *y = v * scale;
-                        clipped += (y.abs() > max) as usize;
-                    }
-                    E5M2::encode_slice_rne_sat(ys, o);
-                }
-            }
-        },
-        Some(rb) => {
-            for ((o, &v), &r) in codes.iter_mut().zip(src).zip(rb) {
-                let y = v * scale;
-                clipped += (y.abs() > max) as usize;
-                *o = encode(c.element, y, Some(r));
-            }
-        }
-    }
-    clipped
-}
-
-/// Where the cast of a panel goes.
+/// Where the cast of a tensor goes.
 enum Sink<'a> {
     /// One code byte per element.
     Codes(&'a mut [u8]),
-    /// The decoded FP8 value per element.
+    /// The FP8 value per element.
     Values(&'a mut [f32]),
 }
 
-/// Runs the cast over the stored layout in parallel row panels. Returns the clipped count.
+/// What one cast of a tensor used and found.
+struct Outcome {
+    scale: f32,
+    amax: f32,
+    clipped: usize,
+}
+
+/// One FP8 cast of `x` into `out` (stored layout), with the scale of the operand's scaling:
+/// * current scaling: an amax pass, then the cast with [`compute_scale_from_amax`];
+/// * delayed scaling: one pass that casts with `state.scale()` and takes the amax, which is
+///   then recorded in the history slot of the current step.
+///
+/// Either way `state` ends with the amax and scale of this cast. `portable` forces the
+/// baseline build of the kernel (tests).
+#[allow(clippy::too_many_arguments)]
+fn cast(
+    x: &[f32],
+    rows: usize,
+    cols: usize,
+    usage: Usage,
+    q: &OperandQuant,
+    key: RngKey,
+    state: &mut QuantState,
+    out: Sink<'_>,
+    portable: bool,
+) -> Result<Outcome, QuantError> {
+    panel::check_len(x, rows, cols)?;
+    let (element, scaling) = settings(q)?;
+    let sr = (q.rounding == RoundingMode::Stochastic).then_some(key);
+    let o = match scaling {
+        Fp8Scaling::Current { power_of_two } => {
+            let amax = tensor_amax(x);
+            let scale = compute_scale_from_amax(amax, fp8_max(element), power_of_two);
+            let c = Cast { element, scale, sr };
+            let st = cast_tensor(x, rows, cols, usage, &c, out, false, portable);
+            Outcome {
+                scale,
+                amax,
+                clipped: st.clipped,
+            }
+        }
+        Fp8Scaling::Delayed { history_len, .. } => {
+            state.ensure_history(history_len)?;
+            let scale = state.scale;
+            let c = Cast { element, scale, sr };
+            let st = cast_tensor(x, rows, cols, usage, &c, out, true, portable);
+            state.record_amax(st.amax);
+            Outcome {
+                scale,
+                amax: st.amax,
+                clipped: st.clipped,
+            }
+        }
+    };
+    state.last_amax = o.amax;
+    state.last_scale = o.scale;
+    Ok(o)
+}
+
+/// Runs the fused cast ([`fast`]) over the stored layout in parallel row panels: fake
+/// quantized values straight from the input (rowwise) or in place on the transposed panel
+/// (columnwise), codes from the stored panel. With `amax` the result holds `max |x|`.
+#[allow(clippy::too_many_arguments)]
 fn cast_tensor(
     x: &[f32],
     rows: usize,
@@ -439,48 +422,61 @@ fn cast_tensor(
     usage: Usage,
     c: &Cast,
     out: Sink<'_>,
-) -> usize {
+    amax: bool,
+    portable: bool,
+) -> fast::CastStats {
     let (srows, scols) = stored_shape(rows, cols, usage);
     if srows == 0 || scols == 0 {
-        return 0;
+        return fast::CastStats::default();
     }
     let p = panel::panel_rows_for(scols, usage);
-    let panel = |pi: usize, n: usize, codes: Option<&mut [u8]>, values: Option<&mut [f32]>| {
-        let r0 = pi * p;
-        with_scratch(|s| {
-            let rb = c.sr.map(|key| {
-                let rb = grow(&mut s.rbits, n * scols);
-                crate::philox::fill_random_bytes(key, (r0 * scols) as u64, rb);
-                &*rb
-            });
-            let src = stored_panel(x, rows, cols, usage, r0, n, &mut s.panel);
-            match (codes, values) {
-                (Some(codes), _) => cast_run(c, src, rb, codes),
-                (None, Some(values)) => {
-                    let codes = grow(&mut s.codes, n * scols);
-                    let clipped = cast_run(c, src, rb, codes);
-                    match c.element {
-                        Fp8Element::E4M3 => E4M3::decode_slice(codes, values),
-                        Fp8Element::E5M2 => E5M2::decode_slice(codes, values),
-                    }
-                    clipped
-                }
-                (None, None) => 0,
-            }
-        })
-    };
+    let (element, scale) = (c.element, c.scale);
+    let zero = fast::CastStats::default;
     match out {
-        Sink::Codes(o) => o
-            .par_chunks_mut(p * scols)
-            .enumerate()
-            .map(|(pi, ch)| panel(pi, ch.len() / scols, Some(ch), None))
-            .sum(),
         Sink::Values(o) => o
             .par_chunks_mut(p * scols)
             .enumerate()
-            .map(|(pi, ch)| panel(pi, ch.len() / scols, None, Some(ch)))
-            .sum(),
+            .map(|(pi, dst)| {
+                let (r0, n) = (pi * p, dst.len() / scols);
+                with_scratch(|s| {
+                    let rb = random_bytes(c.sr, &mut s.rbits, r0 * scols, n * scols);
+                    match usage {
+                        Usage::Rowwise => {
+                            let src = &x[r0 * scols..(r0 + n) * scols];
+                            fast::cast_panel(element, src, scale, rb, dst, amax, portable)
+                        }
+                        Usage::Columnwise => {
+                            panel::stored_panel_into(x, rows, cols, usage, r0, n, dst);
+                            let src = fast::InPlace;
+                            fast::cast_panel(element, src, scale, rb, dst, amax, portable)
+                        }
+                    }
+                })
+            })
+            .reduce(zero, fast::CastStats::merge),
+        Sink::Codes(o) => o
+            .par_chunks_mut(p * scols)
+            .enumerate()
+            .map(|(pi, dst)| {
+                let (r0, n) = (pi * p, dst.len() / scols);
+                with_scratch(|s| {
+                    let rb = random_bytes(c.sr, &mut s.rbits, r0 * scols, n * scols);
+                    let src = stored_panel(x, rows, cols, usage, r0, n, &mut s.panel);
+                    fast::cast_panel(element, src, scale, rb, dst, amax, portable)
+                })
+            })
+            .reduce(zero, fast::CastStats::merge),
     }
+}
+
+/// The random bytes `start .. start + len` (flat indices in the stored layout) of the stream
+/// `sr` in `buf` (stochastic rounding only).
+fn random_bytes(sr: Option<RngKey>, buf: &mut Vec<u8>, start: usize, len: usize) -> Option<&[u8]> {
+    sr.map(|key| {
+        let rb = grow(buf, len);
+        crate::philox::fill_random_bytes(key, start as u64, rb);
+        &*rb
+    })
 }
 
 /// Quantizes to per-tensor FP8 in the stored layout (`[rows, cols]` rowwise, `[cols, rows]`
@@ -498,10 +494,27 @@ pub fn quantize(
     key: RngKey,
     state: &mut QuantState,
 ) -> Result<QuantizedTensor, QuantError> {
-    let (c, amax) = prepare(x, rows, cols, q, key, state)?;
+    quantize_impl(x, rows, cols, usage, q, key, state, false)
+}
+
+/// [`quantize`]; `portable` forces the baseline build of the kernel (tests).
+#[allow(clippy::too_many_arguments)]
+fn quantize_impl(
+    x: &[f32],
+    rows: usize,
+    cols: usize,
+    usage: Usage,
+    q: &OperandQuant,
+    key: RngKey,
+    state: &mut QuantState,
+    portable: bool,
+) -> Result<QuantizedTensor, QuantError> {
+    panel::check_len(x, rows, cols)?;
+    settings(q)?;
     let (srows, scols) = stored_shape(rows, cols, usage);
     let mut codes = vec![0u8; srows * scols];
-    cast_tensor(x, rows, cols, usage, &c, Sink::Codes(&mut codes));
+    let sink = Sink::Codes(&mut codes);
+    let o = cast(x, rows, cols, usage, q, key, state, sink, portable)?;
     Ok(QuantizedTensor {
         format: q.format,
         block: q.block,
@@ -512,14 +525,16 @@ pub fn quantize(
         padded_cols: scols,
         codes,
         scales: Vec::new(),
-        amax,
-        tensor_scale_inv: 1.0 / c.scale,
+        amax: o.amax,
+        tensor_scale_inv: 1.0 / o.scale,
     })
 }
 
 /// Fake quantization: writes the FP8 values `fp8(code)` (without the per-tensor factor) in
 /// the stored layout into `out` (`rows * cols` elements) and returns the per-tensor factor
-/// `scale_inv = fl(1 / scale)`.
+/// `scale_inv = fl(1 / scale)`. The values are those of [`quantize`] and [`dequantize`]
+/// without the factor, bit for bit, computed by the fused cast (`fp8/fast.rs`) without
+/// producing codes.
 #[allow(clippy::too_many_arguments)]
 pub fn fake_quantize_into(
     x: &[f32],
@@ -546,10 +561,26 @@ pub(crate) fn fake_quantize_counting(
     state: &mut QuantState,
     out: &mut [f32],
 ) -> Result<(f32, usize), QuantError> {
+    fake_impl(x, rows, cols, usage, q, key, state, out, false)
+}
+
+/// [`fake_quantize_counting`]; `portable` forces the baseline build of the kernel (tests).
+#[allow(clippy::too_many_arguments)]
+fn fake_impl(
+    x: &[f32],
+    rows: usize,
+    cols: usize,
+    usage: Usage,
+    q: &OperandQuant,
+    key: RngKey,
+    state: &mut QuantState,
+    out: &mut [f32],
+    portable: bool,
+) -> Result<(f32, usize), QuantError> {
     panel::check_out(out, x.len())?;
-    let (c, _) = prepare(x, rows, cols, q, key, state)?;
-    let clipped = cast_tensor(x, rows, cols, usage, &c, Sink::Values(out));
-    Ok((1.0 / c.scale, clipped))
+    let sink = Sink::Values(out);
+    let o = cast(x, rows, cols, usage, q, key, state, sink, portable)?;
+    Ok((1.0 / o.scale, o.clipped))
 }
 
 /// Dequantizes an FP8 tensor: `fp8(code) · tensor_scale_inv`, stored layout.
@@ -566,3 +597,6 @@ pub fn dequantize(t: &QuantizedTensor) -> Vec<f32> {
         .map(|&c| decode(element, c) * s)
         .collect()
 }
+
+#[cfg(test)]
+mod tests;

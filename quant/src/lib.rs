@@ -16,6 +16,7 @@ pub mod tensor;
 pub mod bf16;
 pub mod fake;
 pub mod fp8;
+mod grid;
 pub mod mx;
 mod panel;
 pub mod qgemm;

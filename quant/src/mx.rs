@@ -84,53 +84,6 @@ pub const PRESCALE_INV: f32 = 4.0 / 3.0;
 
 mod fast;
 
-/// An MX element format: the grid constants of the fused kernels ([`fast`]) and, for the
-/// tests, the exact RNE cast of a block of scaled values that the codes path used before
-/// them (the reference).
-trait Elem: ElementFormat {
-    /// Unbiased exponent of the smallest normal value (`1 - bias`).
-    const EMIN: i32;
-    /// The f32 bits of `2^EMIN`.
-    const MIN_NORMAL_BITS: u32 = ((127 + Self::EMIN) as u32) << 23;
-
-    /// Saturating RNE codes of a block of scaled values (the reference encoder).
-    #[cfg(test)]
-    #[inline(always)]
-    fn rne_block(y: &[f32; BLOCK], out: &mut [u8]) {
-        for (o, &v) in out.iter_mut().zip(y) {
-            *o = Self::from_f32_rne_sat(v).to_bits();
-        }
-    }
-}
-impl Elem for E4M3 {
-    const EMIN: i32 = -6;
-    #[cfg(test)]
-    #[inline(always)]
-    fn rne_block(y: &[f32; BLOCK], out: &mut [u8]) {
-        // fp-formats' slice encoder (AVX2 when available), bit-identical to encode_rne_sat.
-        E4M3::encode_slice_rne_sat(y, out);
-    }
-}
-impl Elem for E2M1 {
-    const EMIN: i32 = 0;
-    #[cfg(test)]
-    #[inline(always)]
-    fn rne_block(y: &[f32; BLOCK], out: &mut [u8]) {
-        for (o, &v) in out.iter_mut().zip(y) {
-            *o = E2M1::encode_rne_sat(v);
-        }
-    }
-}
-impl Elem for E5M2 {
-    const EMIN: i32 = -14;
-}
-impl Elem for E2M3 {
-    const EMIN: i32 = 0;
-}
-impl Elem for E3M2 {
-    const EMIN: i32 = -2;
-}
-
 /// Resolved settings of one MX quantization.
 #[derive(Clone, Copy)]
 struct MxCast {

@@ -6,37 +6,23 @@
 //! bit what the encoder (`F::from_f32` / `encode_slice_rne_sat`) and the decoder give.
 //! Tested: the RNE element rounding and code against the encoder and decoder for every f32
 //! bit pattern in the non-trivial range of each format (every 509th pattern outside it, where
-//! the result is 0 or the saturated maximum; all 2^32 patterns were checked once), the SR rounding on every decision point for all 256 random bytes, and
-//! whole tensors against the previous codes path (`mx/tests.rs`).
+//! the result is 0 or the saturated maximum; all 2^32 patterns were checked once), the SR
+//! rounding on every decision point for all 256 random bytes, and whole tensors against the previous codes path (`mx/tests.rs`).
 //!
 //! # Element rounding in the f32 domain
 //!
-//! Every MX element format is a sign-magnitude grid with `m` mantissa bits, normals from
-//! `2^emin` on and subnormals of spacing `2^(emin - m)`, whose largest finite value `MAX` is
-//! a grid point and whose codes above `MAX` (if any) are Inf / NaN. Saturating RNE then is:
-//! `a = min(|y|, MAX)` (Inf gives `MAX`, as the encoder's saturation does for every value
-//! above `MAX`, including those that would round to the next binade or to a NaN code),
-//! then round `a` to the grid spacing of its binade, `step = max(2^floor(log2 a), 2^emin) ·
-//! 2^-m`, by the magic-number addition `fl(fl(a + C) - C)` with `C = step · 2^23`: `a + C`
-//! lies in `[C, 2C)`, whose f32 spacing is `step`, so the f32 addition rounds `a` to the grid
-//! with ties to the even multiple of `step`, which is the even code (the code's last bit is
-//! the multiple's last bit); a value that rounds up across a binade gives the next power of
-//! two exactly; 0 stays 0. The sign of `y` is put back on the (non-negative) product with
-//! the scale, so `-0.0` and negative values that round to zero give `-0.0` as the decoder's
-//! negative-zero code does. `fl(v · s)` is then the very multiplication of the decoder
-//! (`F(code).to_f32() · s`), and `fl(-v · s) = -fl(v · s)`.
-//!
-//! Stochastic rounding uses the encoder's rule `up ⇔ r + floor(256 f) ≥ 256` (`f` the
-//! fraction of `a / step`): `t = a / step` is exact (a power-of-two multiply), its floor comes
-//! from the magic number `2^23`, `frac(t) · 256` is exact, and `up ⇔ 256 f ≥ 256 - r`.
+//! The saturating RNE and SR rounding onto the element grid and the code of a grid value
+//! are the shared helpers of [`crate::grid`] (module docs there). The sign of `y` is put back
+//! on the (non-negative) product of the grid value with the scale, so `-0.0` and negative
+//! values that round to zero give `-0.0` as the decoder's negative-zero code does.
+//! `fl(v · s)` is then the very multiplication of the decoder (`F(code).to_f32() · s`), and
+//! `fl(-v · s) = -fl(v · s)`.
 //!
 //! The clipped count (`|y| > MAX`) and the non-finite check (`|y|` Inf or NaN, which makes
 //! the caller report the offending input) are the reference's. NaN inputs are outside the
 //! domain (the caller reports an error; the values written for them are unspecified).
 //!
-//! The element code of a grid value `v` is read off its f32 bits: the exponent and the top
-//! `m` mantissa bits, rebased, for normals; `v / 2^(emin - m)` (the bits of `v + 2^emin`)
-//! for subnormals; the format's sign bit from `y`.
+//! The code path writes the grid value's code with the format's sign bit from `y`.
 //!
 //! # Passes
 //!
@@ -57,84 +43,12 @@ use fp_formats::mx::{MxElement, BLOCK};
 use fp_formats::{E2M1, E2M3, E3M2, E4M3, E5M2};
 use rayon::prelude::*;
 
-use super::{Elem, MxCast, PanelStats};
+use super::{MxCast, PanelStats};
 use crate::config::{Rht, Usage};
+use crate::grid::{grid_code, grid_rne, grid_sr, max, split, Elem};
 use crate::panel::{self, stored_shape};
 use crate::philox::blocks_bytes_x16;
 use crate::QuantError;
-
-/// `a > b ? a : b` (one `maxps`; never called with NaN in the domain).
-#[inline(always)]
-fn max(a: f32, b: f32) -> f32 {
-    if a > b {
-        a
-    } else {
-        b
-    }
-}
-
-/// `2^max(floor(log2 a), emin)` of a non-negative `a` (`2^emin` for 0 and f32 subnormals).
-#[inline(always)]
-fn binade<F: Elem>(a: f32) -> f32 {
-    max(
-        f32::from_bits(a.to_bits() & 0x7F80_0000),
-        f32::from_bits(F::MIN_NORMAL_BITS),
-    )
-}
-
-/// `a` (in `[0, F::MAX]`) rounded to nearest even on `F`'s grid (see the module docs).
-#[inline(always)]
-pub(super) fn grid_rne<F: Elem>(a: f32) -> f32 {
-    // C = 2^max(floor(log2 a), emin) · 2^(23 - m): its f32 spacing is the grid step.
-    let c = f32::from_bits(binade::<F>(a).to_bits() + ((23 - F::MANTISSA_BITS) << 23));
-    (a + c) - c
-}
-
-/// `a` (in `[0, F::MAX]`) stochastically rounded onto `F`'s grid with the random byte `r`:
-/// up iff `r + floor(256 · frac(a / step)) >= 256` (see the module docs).
-#[inline(always)]
-pub(super) fn grid_sr<F: Elem>(a: f32, r: u8) -> f32 {
-    let eb = binade::<F>(a).to_bits();
-    let m = F::MANTISSA_BITS << 23;
-    let step = f32::from_bits(eb - m);
-    let inv_step = f32::from_bits((254 << 23) - eb + m);
-    // t = a / step <= 2^(m + 1), exact; its floor by the magic number (nearest even, then
-    // one down if above t); the fraction and its product by 256 are exact.
-    let t = a * inv_step;
-    let n = (t + 8_388_608.0) - 8_388_608.0;
-    let fl = if n > t { n - 1.0 } else { n };
-    let up = if (t - fl) * 256.0 >= 256.0 - r as f32 {
-        1.0
-    } else {
-        0.0
-    };
-    (fl + up) * step
-}
-
-/// `min(|y|, MAX)` (Inf gives `MAX`) and the sign bit of `y`.
-#[inline(always)]
-fn split<F: Elem>(y: f32) -> (f32, u32) {
-    let bits = y.to_bits();
-    let ay = f32::from_bits(bits & 0x7FFF_FFFF);
-    let a = if ay < F::MAX { ay } else { F::MAX };
-    (a, bits & 0x8000_0000)
-}
-
-/// The magnitude code of a grid value `v` in `[0, MAX]`: the f32 exponent and top `m`
-/// mantissa bits rebased for normals, `v / 2^(emin - m)` (read off the bits of
-/// `v + 2^emin`) for subnormals.
-#[inline(always)]
-pub(super) fn grid_code<F: Elem>(v: f32) -> u32 {
-    let m = F::MANTISSA_BITS;
-    let min_normal = f32::from_bits(F::MIN_NORMAL_BITS);
-    let normal = (v.to_bits() >> (23 - m)).wrapping_sub(((127 + F::EMIN - 1) as u32) << m);
-    let sub = ((v + min_normal).to_bits() >> (23 - m)).wrapping_sub(F::MIN_NORMAL_BITS >> (23 - m));
-    if v < min_normal {
-        sub
-    } else {
-        normal
-    }
-}
 
 /// What the fused kernel writes per element, from the grid value `v` (non-negative), the
 /// scale value `s` and the sign bit of the scaled element (`0` or `0x8000_0000`).

@@ -4,6 +4,7 @@
 //! the generic encoder. The RNE element rounding is checked exhaustively in `fast.rs`.
 
 use super::*;
+use crate::grid::Elem;
 use fp_formats::mx::ScaleRule;
 use fp_formats::{Overflow, Rounding};
 

@@ -1,0 +1,158 @@
+//! Element rounding in the f32 domain, shared by the fused MX kernels (`mx/fast.rs`) and the
+//! per-tensor FP8 cast (`fp8/fast.rs`): saturating round-to-nearest-even and stochastic
+//! rounding of a scaled value onto the grid of a small float format, written as the f32 grid
+//! value (or its code) with no encoder, decoder, look-up table or buffer.
+//!
+//! Every one of these element formats is a sign-magnitude grid with `m` mantissa bits,
+//! normals from `2^emin` on and subnormals of spacing `2^(emin - m)`, whose largest finite
+//! value `MAX` is a grid point and whose codes above `MAX` (if any) are Inf / NaN.
+//! Saturating RNE then is: `a = min(|y|, MAX)` ([`split`]; Inf gives `MAX`, as the encoder's
+//! saturation does for every value above `MAX`, including those that would round to the
+//! next binade or to a NaN code), then round `a` to the grid spacing of its binade,
+//! `step = max(2^floor(log2 a), 2^emin) · 2^-m`, by the magic-number addition
+//! `fl(fl(a + C) - C)` with `C = step · 2^23` ([`grid_rne`]): `a + C` lies in `[C, 2C)`,
+//! whose f32 spacing is `step`, so the f32 addition rounds `a` to the grid with ties to the
+//! even multiple of `step`, which is the even code (the code's last bit is the multiple's
+//! last bit); a value that rounds up across a binade gives the next power of two exactly; 0
+//! stays 0. The caller puts the sign of `y` back on the (non-negative) grid value (or on a
+//! product of it with a scale), so `-0.0` and negative values that round to zero give
+//! `-0.0`, as the decoder's negative-zero code does.
+//!
+//! Stochastic rounding ([`grid_sr`]) uses the encoder's rule `up ⇔ r + floor(256 f) ≥ 256`
+//! (`f` the fraction of `a / step`): `t = a / step` is exact (a power-of-two multiply), its
+//! floor comes from the magic number `2^23`, `frac(t) · 256` is exact, and
+//! `up ⇔ 256 f ≥ 256 - r`.
+//!
+//! The element code of a grid value `v` ([`grid_code`]) is read off its f32 bits: the
+//! exponent and the top `m` mantissa bits, rebased, for normals; `v / 2^(emin - m)` (the bits
+//! of `v + 2^emin`) for subnormals.
+//!
+//! NaN is outside the domain of these functions ([`split`] maps it to `MAX`): MX rejects
+//! non-finite input and the FP8 cast selects the NaN result separately.
+//!
+//! Tested bit for bit against fp-formats' encoder and decoder: RNE for every f32 bit pattern
+//! in the non-trivial range of each format (`mx/fast.rs`), SR on every decision point for
+//! all 256 random bytes (`mx/tests.rs`).
+
+use fp_formats::{ElementFormat, E2M1, E2M3, E3M2, E4M3, E5M2};
+
+/// An element format with the grid constants of the f32-domain rounding (E4M3, E5M2, E2M3,
+/// E3M2, E2M1) and, for the MX tests, the exact RNE cast of a block of scaled values that
+/// the MX codes path used before the fused kernels (the reference).
+pub(crate) trait Elem: ElementFormat {
+    /// Unbiased exponent of the smallest normal value (`1 - bias`).
+    const EMIN: i32;
+    /// The f32 bits of `2^EMIN`.
+    const MIN_NORMAL_BITS: u32 = ((127 + Self::EMIN) as u32) << 23;
+
+    /// Saturating RNE codes of a block of scaled values (the reference encoder).
+    #[cfg(test)]
+    #[inline(always)]
+    fn rne_block(y: &[f32; fp_formats::mx::BLOCK], out: &mut [u8]) {
+        for (o, &v) in out.iter_mut().zip(y) {
+            *o = Self::from_f32_rne_sat(v).to_bits();
+        }
+    }
+}
+impl Elem for E4M3 {
+    const EMIN: i32 = -6;
+    #[cfg(test)]
+    #[inline(always)]
+    fn rne_block(y: &[f32; fp_formats::mx::BLOCK], out: &mut [u8]) {
+        // fp-formats' slice encoder (AVX2 when available), bit-identical to encode_rne_sat.
+        E4M3::encode_slice_rne_sat(y, out);
+    }
+}
+impl Elem for E2M1 {
+    const EMIN: i32 = 0;
+    #[cfg(test)]
+    #[inline(always)]
+    fn rne_block(y: &[f32; fp_formats::mx::BLOCK], out: &mut [u8]) {
+        for (o, &v) in out.iter_mut().zip(y) {
+            *o = E2M1::encode_rne_sat(v);
+        }
+    }
+}
+impl Elem for E5M2 {
+    const EMIN: i32 = -14;
+}
+impl Elem for E2M3 {
+    const EMIN: i32 = 0;
+}
+impl Elem for E3M2 {
+    const EMIN: i32 = -2;
+}
+
+/// `a > b ? a : b` (one `maxps`: `b` when either is NaN, so `max(x, acc)` ignores a NaN
+/// `x`).
+#[inline(always)]
+pub(crate) fn max(a: f32, b: f32) -> f32 {
+    if a > b {
+        a
+    } else {
+        b
+    }
+}
+
+/// `2^max(floor(log2 a), emin)` of a non-negative `a` (`2^emin` for 0 and f32 subnormals).
+#[inline(always)]
+fn binade<F: Elem>(a: f32) -> f32 {
+    max(
+        f32::from_bits(a.to_bits() & 0x7F80_0000),
+        f32::from_bits(F::MIN_NORMAL_BITS),
+    )
+}
+
+/// `a` (in `[0, F::MAX]`) rounded to nearest even on `F`'s grid (see the module docs).
+#[inline(always)]
+pub(crate) fn grid_rne<F: Elem>(a: f32) -> f32 {
+    // C = 2^max(floor(log2 a), emin) · 2^(23 - m): its f32 spacing is the grid step.
+    let c = f32::from_bits(binade::<F>(a).to_bits() + ((23 - F::MANTISSA_BITS) << 23));
+    (a + c) - c
+}
+
+/// `a` (in `[0, F::MAX]`) stochastically rounded onto `F`'s grid with the random byte `r`:
+/// up iff `r + floor(256 · frac(a / step)) >= 256` (see the module docs).
+#[inline(always)]
+pub(crate) fn grid_sr<F: Elem>(a: f32, r: u8) -> f32 {
+    let eb = binade::<F>(a).to_bits();
+    let m = F::MANTISSA_BITS << 23;
+    let step = f32::from_bits(eb - m);
+    let inv_step = f32::from_bits((254 << 23) - eb + m);
+    // t = a / step <= 2^(m + 1), exact; its floor by the magic number (nearest even, then
+    // one down if above t); the fraction and its product by 256 are exact.
+    let t = a * inv_step;
+    let n = (t + 8_388_608.0) - 8_388_608.0;
+    let fl = if n > t { n - 1.0 } else { n };
+    let up = if (t - fl) * 256.0 >= 256.0 - r as f32 {
+        1.0
+    } else {
+        0.0
+    };
+    (fl + up) * step
+}
+
+/// `min(|y|, MAX)` (Inf, and NaN, give `MAX`) and the sign bit of `y`.
+#[inline(always)]
+pub(crate) fn split<F: Elem>(y: f32) -> (f32, u32) {
+    let bits = y.to_bits();
+    let ay = f32::from_bits(bits & 0x7FFF_FFFF);
+    let a = if ay < F::MAX { ay } else { F::MAX };
+    (a, bits & 0x8000_0000)
+}
+
+/// The magnitude code of a grid value `v` in `[0, MAX]`: the f32 exponent and top `m`
+/// mantissa bits rebased for normals, `v / 2^(emin - m)` (read off the bits of
+/// `v + 2^emin`) for subnormals.
+#[inline(always)]
+pub(crate) fn grid_code<F: Elem>(v: f32) -> u32 {
+    let m = F::MANTISSA_BITS;
+    let min_normal = f32::from_bits(F::MIN_NORMAL_BITS);
+    let normal = (v.to_bits() >> (23 - m)).wrapping_sub(((127 + F::EMIN - 1) as u32) << m);
+    let sub = ((v + min_normal).to_bits() >> (23 - m)).wrapping_sub(F::MIN_NORMAL_BITS >> (23 - m));
+    if v < min_normal {
+        sub
+    } else {
+        normal
+    }
+}
