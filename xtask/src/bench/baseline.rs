@@ -202,10 +202,11 @@ pub fn compare(metrics: &[Metric], base: &Baseline, skipped: &[(String, String)]
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::*;
 
-    fn metric(name: &str, value: f64, better: Better, kind: Kind) -> Metric {
+    /// A metric with a unit and no spread or note (shared with `confirm`'s tests).
+    pub(in super::super) fn metric(name: &str, value: f64, better: Better, kind: Kind) -> Metric {
         Metric {
             name: name.into(),
             value,

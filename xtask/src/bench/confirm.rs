@@ -83,20 +83,9 @@ pub fn merge(metrics: &mut [Metric], rerun: &[Metric], names: &[String]) -> Vec<
 
 #[cfg(test)]
 mod tests {
+    use super::super::baseline::tests::metric;
     use super::super::baseline::{compare, Baseline};
     use super::*;
-
-    fn metric(name: &str, value: f64, better: Better, kind: Kind) -> Metric {
-        Metric {
-            name: name.into(),
-            value,
-            unit: "x".into(),
-            better,
-            kind,
-            spread: None,
-            note: String::new(),
-        }
-    }
 
     #[test]
     fn only_failing_timing_ratios_are_confirmed_from_their_source() {
