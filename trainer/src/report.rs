@@ -50,22 +50,22 @@ fn by_recipe(runs: &[RunResult]) -> Vec<(&str, Vec<&RunResult>)> {
 }
 
 /// The seed-statistics table (only written when some recipe ran with several seeds).
-fn seed_table(s: &mut String, runs: &[RunResult]) {
+fn seed_table(s: &mut String, runs: &[RunResult], reference: &str) {
     let groups = by_recipe(runs);
-    let bf16: Vec<&RunResult> = groups
+    let refs: Vec<&RunResult> = groups
         .iter()
-        .find(|(n, _)| *n == "bf16")
+        .find(|(n, _)| *n == reference)
         .map(|(_, g)| g.clone())
         .unwrap_or_default();
     let _ = writeln!(
         s,
-        "Final validation loss over seeds (mean ± sample standard deviation); gap to bf16 = \
-         mean ± standard error of the per-seed gaps (recipe vs bf16 with the same seed); \
-         \"worse\" = seeds in which the recipe ended above bf16.\n"
+        "Final validation loss over seeds (mean ± sample standard deviation); gap to \
+         {reference} = mean ± standard error of the per-seed gaps (recipe vs {reference} with \
+         the same seed); \"worse\" = seeds in which the recipe ended above {reference}.\n"
     );
     let _ = writeln!(
         s,
-        "| recipe | seeds | final val loss | gap to bf16 | worse than bf16 | per seed |"
+        "| recipe | seeds | final val loss | gap to {reference} | worse than {reference} | per seed |"
     );
     let _ = writeln!(s, "|---|---|---|---|---|---|");
     for (name, g) in &groups {
@@ -74,7 +74,7 @@ fn seed_table(s: &mut String, runs: &[RunResult]) {
         let gaps: Vec<f64> = g
             .iter()
             .filter_map(|r| {
-                let b = bf16
+                let b = refs
                     .iter()
                     .find(|b| b.seed == r.seed)?
                     .summary
@@ -82,7 +82,7 @@ fn seed_table(s: &mut String, runs: &[RunResult]) {
                 (b > 0.0).then(|| 100.0 * (r.summary.final_val_loss as f64 - b) / b)
             })
             .collect();
-        let (gap, worse) = if *name == "bf16" || gaps.is_empty() {
+        let (gap, worse) = if *name == reference || gaps.is_empty() {
             ("-".to_string(), "-".to_string())
         } else {
             let (gm, gsd) = mean_sd(&gaps);
@@ -232,27 +232,31 @@ fn quantized(l: &LayerError) -> bool {
         || l.policy.starts_with("all fp32"))
 }
 
-/// The markdown report (without a reading, which a person writes on top).
-pub fn markdown(runs: &[RunResult], header: &str) -> String {
+/// The recipe the gaps are measured against unless the caller names another.
+pub const DEFAULT_REFERENCE: &str = "bf16";
+
+/// The markdown report (without a reading, which a person writes on top); gaps are relative
+/// to `reference` (a recipe among `runs`, paired by seed; "-" where it did not run).
+pub fn markdown(runs: &[RunResult], header: &str, reference: &str) -> String {
     let mut s = String::new();
     let _ = writeln!(s, "{header}");
     let seeded = by_recipe(runs).iter().any(|(_, g)| g.len() > 1);
     if seeded {
-        seed_table(&mut s, runs);
+        seed_table(&mut s, runs, reference);
         let _ = writeln!(s, "Every run:\n");
     }
     let _ = writeln!(
         s,
-        "| recipe | seed | final val loss | gap to bf16 | final train loss | tokens/s | wall time |"
+        "| recipe | seed | final val loss | gap to {reference} | final train loss | tokens/s | wall time |"
     );
     let _ = writeln!(s, "|---|---|---|---|---|---|---|");
     for r in runs {
         let m = &r.summary;
-        let bf16 = runs
+        let base = runs
             .iter()
-            .find(|b| b.summary.recipe == "bf16" && b.seed == r.seed)
+            .find(|b| b.summary.recipe == reference && b.seed == r.seed)
             .map(|b| b.summary.final_val_loss);
-        let gap = match bf16 {
+        let gap = match base {
             Some(b) if b > 0.0 => format!("{:+.2}%", 100.0 * (m.final_val_loss - b) / b),
             _ => "-".into(),
         };
@@ -318,7 +322,12 @@ pub fn markdown(runs: &[RunResult], header: &str) -> String {
 }
 
 /// Writes `report.md`, `loss.svg` and `train-loss.svg` into `dir`.
-pub fn write_report(dir: &Path, runs: &[RunResult], header: &str) -> Result<(), TrainError> {
+pub fn write_report(
+    dir: &Path,
+    runs: &[RunResult],
+    header: &str,
+    reference: &str,
+) -> Result<(), TrainError> {
     fs::create_dir_all(dir).map_err(io_err(dir))?;
     let groups = by_recipe(runs);
     let seeds = groups.iter().map(|(_, g)| g.len()).max().unwrap_or(1);
@@ -382,7 +391,7 @@ pub fn write_report(dir: &Path, runs: &[RunResult], header: &str) -> Result<(), 
         &train,
     )?;
     let p = dir.join("report.md");
-    fs::write(&p, markdown(runs, header)).map_err(io_err(&p))
+    fs::write(&p, markdown(runs, header, reference)).map_err(io_err(&p))
 }
 
 #[cfg(test)]
@@ -427,7 +436,7 @@ mod tests {
 
     #[test]
     fn one_seed_gives_the_plain_table() {
-        let md = markdown(&[run("bf16", 0, 1.0), run("nvfp4", 0, 1.02)], "# t");
+        let md = markdown(&[run("bf16", 0, 1.0), run("nvfp4", 0, 1.02)], "# t", "bf16");
         assert!(!md.contains("over seeds"));
         assert!(md.contains("| nvfp4 | 0 | 1.0200 | +2.00% |"), "{md}");
     }
@@ -442,7 +451,7 @@ mod tests {
             run("bf16", 1, 0.5),
             run("nvfp4", 1, 0.52),
         ];
-        let md = markdown(&runs, "# t");
+        let md = markdown(&runs, "# t", DEFAULT_REFERENCE);
         // mean of 1.02 and 0.52 = 0.77; sd = 0.5 / sqrt(2) = 0.3536
         assert!(
             md.contains("| nvfp4 | 2 | 0.7700 ± 0.3536 | +3.00% ± 1.00 | 2/2 |"),
@@ -457,6 +466,33 @@ mod tests {
     }
 
     #[test]
+    fn gaps_can_be_taken_against_another_recipe() {
+        // An ablation against its parent recipe: -2% and -1% of nvfp4 of the same seed.
+        let runs = [
+            run("nvfp4", 0, 1.0),
+            run("nvfp4-no-rht", 0, 0.98),
+            run("nvfp4", 1, 2.0),
+            run("nvfp4-no-rht", 1, 1.98),
+        ];
+        let md = markdown(&runs, "# t", "nvfp4");
+        assert!(md.contains("| gap to nvfp4 | worse than nvfp4 |"), "{md}");
+        assert!(
+            md.contains("| nvfp4-no-rht | 2 | 1.4800 ± 0.7071 | -1.50% ± 0.50 | 0/2 |"),
+            "{md}"
+        );
+        assert!(
+            md.contains("| nvfp4 | 2 | 1.5000 ± 0.7071 | - | - |"),
+            "{md}"
+        );
+        // Without the reference among the runs there is no gap.
+        let md = markdown(&runs, "# t", "bf16");
+        assert!(
+            md.contains("| nvfp4-no-rht | 2 | 1.4800 ± 0.7071 | - | - |"),
+            "{md}"
+        );
+    }
+
+    #[test]
     fn curves_are_averaged_over_seeds() {
         let m = mean_curves(vec![(
             "a".into(),
@@ -468,7 +504,7 @@ mod tests {
         assert_eq!(m, vec![("a".to_string(), vec![(0.0, 2.0), (1.0, 4.0)])]);
         let dir = tempfile::tempdir().unwrap();
         let runs = [run("bf16", 0, 1.0), run("bf16", 1, 2.0)];
-        write_report(dir.path(), &runs, "# t").unwrap();
+        write_report(dir.path(), &runs, "# t", "bf16").unwrap();
         let svg = std::fs::read_to_string(dir.path().join("loss.svg")).unwrap();
         assert!(svg.contains("mean of 2 seeds"));
     }

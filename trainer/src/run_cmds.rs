@@ -76,6 +76,10 @@ pub struct CompareArgs {
     /// standard deviations and paired gaps to bf16.
     #[arg(long, default_value_t = 1, value_name = "N")]
     seeds: u64,
+    /// The recipe the report's gaps are measured against (paired by seed), one of the
+    /// recipes compared [default: bf16, and no gaps when bf16 is not compared].
+    #[arg(long, value_name = "RECIPE")]
+    reference: Option<String>,
     /// Report directory (default: runs/compare-seed<seed>-<unix time>); each run goes into
     /// a subdirectory named after its recipe (`<recipe>/seed<k>` with several seeds). A run
     /// that already finished there with the same configuration and recipe is reused, so an
@@ -293,6 +297,20 @@ pub fn run_compare(args: CompareArgs) -> Result<()> {
         .iter()
         .map(|r| Recipe::resolve(r.trim()))
         .collect::<Result<Vec<_>, _>>()?;
+    let reference = args
+        .reference
+        .as_deref()
+        .unwrap_or(report::DEFAULT_REFERENCE);
+    if args.reference.is_some() && !recipes.iter().any(|r| r.name == reference) {
+        bail!(
+            "--reference {reference} is not among the recipes ({})",
+            recipes
+                .iter()
+                .map(|r| r.name.as_str())
+                .collect::<Vec<_>>()
+                .join(", ")
+        );
+    }
     let out = args.out.clone().unwrap_or_else(|| {
         PathBuf::from("runs").join(format!("compare-seed{}-{}", cfg.train.seed, stamp()))
     });
@@ -386,7 +404,7 @@ pub fn run_compare(args: CompareArgs) -> Result<()> {
         },
         std::env::args().skip(2).map(|a| format!(" {a}")).collect::<String>()
     );
-    report::write_report(&out, &results, &header)?;
+    report::write_report(&out, &results, &header, reference)?;
     println!("report: {}", out.join("report.md").display());
     println!(
         "plots:  {} {}",

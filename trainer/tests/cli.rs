@@ -189,8 +189,28 @@ fn compare_with_seeds_reports_statistics_and_reuses_finished_runs() {
     assert!(log.contains("bf16 seed 2: final validation loss"), "{log}");
     let md = std::fs::read_to_string(out.join("report.md")).unwrap();
     assert!(md.contains("| fp8-current | 3 | "), "{md}");
-    // Bad counts are refused.
+    // Gaps against another recipe; the runs are all reused.
+    let mut a = args("3");
+    a.extend(["--reference".to_string(), "fp8-current".to_string()]);
+    let o = run(a.clone());
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert_eq!(stdout(&o).matches("reusing the finished run").count(), 6);
+    let md = std::fs::read_to_string(out.join("report.md")).unwrap();
+    assert!(
+        md.contains("| gap to fp8-current | worse than fp8-current |"),
+        "{md}"
+    );
+    // Bad counts and references are refused.
     let o = run(args("0"));
     assert!(!o.status.success());
     assert!(stderr(&o).contains("--seeds must be at least 1"));
+    let mut a = args("1");
+    a.extend(["--reference".to_string(), "mxfp8".to_string()]);
+    let o = run(a);
+    assert!(!o.status.success());
+    assert!(
+        stderr(&o).contains("--reference mxfp8 is not among the recipes (bf16, fp8-current)"),
+        "{}",
+        stderr(&o)
+    );
 }

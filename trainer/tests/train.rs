@@ -150,7 +150,7 @@ fn every_builtin_recipe_learns_below_the_unigram_entropy() {
     let sqnr = mid.x.sqnr_db.unwrap();
     assert!((10.0..40.0).contains(&sqnr), "{sqnr}");
     let rep = tmp.path().join("report");
-    report::write_report(&rep, &results, "# test\n").unwrap();
+    report::write_report(&rep, &results, "# test\n", report::DEFAULT_REFERENCE).unwrap();
     let md = std::fs::read_to_string(rep.join("report.md")).unwrap();
     assert!(md.contains("| nvfp4 |") && md.contains("gap to bf16"));
     assert!(md.contains("### nvfp4"));
