@@ -23,6 +23,7 @@ use safetensors::tensor::{Dtype, TensorView};
 use serde::{Deserialize, Serialize};
 
 use crate::data::{BatcherState, DataSource};
+use crate::interrupt;
 use crate::model::ModelConfig;
 use crate::recipe::Recipe;
 use crate::train::TrainConfig;
@@ -34,7 +35,7 @@ pub const STATE_VERSION: u32 = 1;
 #[derive(Debug, thiserror::Error)]
 pub enum CheckpointError {
     /// File-system error.
-    #[error("{path}: {source}")]
+    #[error("{path}")]
     Io {
         /// The file or directory.
         path: PathBuf,
@@ -44,6 +45,15 @@ pub enum CheckpointError {
     /// Neither a checkpoint directory nor a run directory with a `latest` file.
     #[error("{0}: not a checkpoint (no state.json) and no `latest` file naming one")]
     NotACheckpoint(PathBuf),
+    /// The `latest` file names a checkpoint directory that does not exist (or holds no
+    /// `state.json`).
+    #[error("{latest} names {target}, which is missing or incomplete; resume from another checkpoint directory (`checkpoints/step-N`) instead")]
+    DanglingLatest {
+        /// The `latest` file.
+        latest: PathBuf,
+        /// The directory it names.
+        target: PathBuf,
+    },
     /// `state.json` is not valid.
     #[error("{path}: bad state file: {message}")]
     BadState {
@@ -71,7 +81,7 @@ pub enum CheckpointError {
         message: String,
     },
     /// The tensors do not fit the model (missing, unknown or wrong-shaped parameters).
-    #[error("{path}: tensors do not fit the model: {source}")]
+    #[error("{path}: tensors do not fit the model")]
     Mismatch {
         /// The file.
         path: PathBuf,
@@ -133,6 +143,10 @@ pub struct TrainState {
     pub batcher: BatcherState,
     /// The divergence guard's running minimum of the training loss.
     pub running_min_loss: Option<f32>,
+    /// The first step's training loss (the guard's reference during warmup); absent in
+    /// checkpoints written before it was recorded.
+    #[serde(default)]
+    pub initial_loss: Option<f32>,
     /// Quantizer states of the linear layers that have one.
     pub quant_states: Vec<LinearStateRecord>,
     /// CRC-32 of `model.safetensors`.
@@ -308,31 +322,64 @@ pub fn save(
     fs::create_dir_all(root).map_err(io(root))?;
     let name = step_dir_name(state.step);
     let tmp = root.join(format!(".tmp-{name}"));
-    if tmp.exists() {
-        fs::remove_dir_all(&tmp).map_err(io(&tmp))?;
+    let latest_tmp = root.join(".latest.tmp");
+    let result = publish(root, &name, &tmp, &latest_tmp, state, tensors, optimizer);
+    if result.is_err() {
+        // a failed write leaves nothing behind (a killed one is cleaned by the next run)
+        let _ = fs::remove_dir_all(&tmp);
+        let _ = fs::remove_file(&latest_tmp);
     }
-    fs::create_dir(&tmp).map_err(io(&tmp))?;
+    let dst = result?;
+    prune(root, &name, keep)?;
+    interrupt::hook("checkpoint-pruned");
+    Ok(dst)
+}
+
+fn publish(
+    root: &Path,
+    name: &str,
+    tmp: &Path,
+    latest_tmp: &Path,
+    state: &mut TrainState,
+    tensors: &[NamedTensor],
+    optimizer: &[u8],
+) -> Result<PathBuf, CheckpointError> {
+    if tmp.exists() {
+        fs::remove_dir_all(tmp).map_err(io(tmp))?;
+    }
+    fs::create_dir(tmp).map_err(io(tmp))?;
+    interrupt::hook("checkpoint-tmp-dir");
     let tbytes = tensors_to_bytes(tensors)?;
     state.tensors_crc32 = optim::crc32(&tbytes);
     state.optimizer_crc32 = optim::crc32(optimizer);
     write_synced(&tmp.join(TENSORS_FILE), &tbytes)?;
+    interrupt::hook("checkpoint-tensors");
     write_synced(&tmp.join(OPTIMIZER_FILE), optimizer)?;
+    interrupt::hook("checkpoint-optimizer");
     let json = serde_json::to_vec_pretty(state).map_err(|e| CheckpointError::BadState {
         path: tmp.join(STATE_FILE),
         message: e.to_string(),
     })?;
     write_synced(&tmp.join(STATE_FILE), &json)?;
-    sync_dir(&tmp)?;
-    let dst = root.join(&name);
+    sync_dir(tmp)?;
+    interrupt::hook("checkpoint-state");
+    let dst = root.join(name);
     if dst.exists() {
         fs::remove_dir_all(&dst).map_err(io(&dst))?;
     }
-    fs::rename(&tmp, &dst).map_err(io(&dst))?;
-    let latest_tmp = root.join(".latest.tmp");
-    write_synced(&latest_tmp, name.as_bytes())?;
-    let latest = root.join(LATEST_FILE);
-    fs::rename(&latest_tmp, &latest).map_err(io(&latest))?;
+    fs::rename(tmp, &dst).map_err(io(&dst))?;
     sync_dir(root)?;
+    interrupt::hook("checkpoint-renamed");
+    write_synced(latest_tmp, name.as_bytes())?;
+    interrupt::hook("checkpoint-latest-tmp");
+    let latest = root.join(LATEST_FILE);
+    fs::rename(latest_tmp, &latest).map_err(io(&latest))?;
+    sync_dir(root)?;
+    interrupt::hook("checkpoint-latest");
+    Ok(dst)
+}
+
+fn prune(root: &Path, name: &str, keep: usize) -> Result<(), CheckpointError> {
     // prune
     let mut dirs: Vec<String> = fs::read_dir(root)
         .map_err(io(root))?
@@ -348,7 +395,7 @@ pub fn save(
             }
         }
     }
-    Ok(dst)
+    Ok(())
 }
 
 /// Resolves `path` to a checkpoint directory: itself if it holds `state.json`; else the
@@ -361,10 +408,19 @@ pub fn resolve(path: &Path) -> Result<PathBuf, CheckpointError> {
         let latest = root.join(LATEST_FILE);
         if latest.is_file() {
             let name = fs::read_to_string(&latest).map_err(io(&latest))?;
-            let dir = root.join(name.trim());
-            if dir.join(STATE_FILE).is_file() {
+            let name = name.trim();
+            let dir = root.join(name);
+            let plain = !name.is_empty()
+                && Path::new(name)
+                    .components()
+                    .all(|c| matches!(c, std::path::Component::Normal(_)));
+            if plain && dir.join(STATE_FILE).is_file() {
                 return Ok(dir);
             }
+            return Err(CheckpointError::DanglingLatest {
+                latest,
+                target: dir,
+            });
         }
     }
     Err(CheckpointError::NotACheckpoint(path.to_path_buf()))

@@ -13,14 +13,20 @@
 //! * [`train`]: the training loop, metrics, divergence guard;
 //! * [`checkpoint`]: safetensors + JSON state, atomic writes, exact resume;
 //! * [`report`]: multi-recipe comparison (markdown table, SVG loss curves);
-//! * [`sample`]: text generation from a checkpoint at a chosen precision.
+//! * [`sample`]: text generation from a checkpoint at a chosen precision;
+//! * [`rundir`]: run-directory lock, refusal of existing runs, leftovers, atomic writes;
+//! * [`interrupt`]: graceful stops on SIGINT/SIGTERM and the crash-test hooks;
+//! * [`memory`]: memory estimates checked before allocating.
 #![warn(missing_docs)]
 
 pub mod checkpoint;
 pub mod data;
+pub mod interrupt;
+pub mod memory;
 pub mod model;
 pub mod recipe;
 pub mod report;
 pub mod rng;
+pub mod rundir;
 pub mod sample;
 pub mod train;

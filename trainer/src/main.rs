@@ -22,7 +22,9 @@ use trainer::data::{
     self, conditional_entropy_bits, DataSource, ShardFormat, ShardLayout, TokenStats, Tokens,
     GPT2_VOCAB,
 };
+use trainer::model::MAX_LAYERS;
 use trainer::recipe::{Recipe, BUILTIN_NAMES};
+use trainer::train::TrainError;
 
 mod run_cmds;
 use run_cmds::{run_compare, run_sample, run_train, CompareArgs, SampleArgs, TrainArgs};
@@ -164,6 +166,25 @@ fn main() -> std::process::ExitCode {
     };
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e)
+            if e.downcast_ref::<TrainError>()
+                .is_some_and(|t| matches!(t, TrainError::Stopped { .. })) =>
+        {
+            if let Some(TrainError::Stopped {
+                step,
+                steps,
+                checkpoint,
+                dir,
+            }) = e.downcast_ref::<TrainError>()
+            {
+                eprintln!(
+                    "stopped at step {step} of {steps}; checkpoint: {}",
+                    checkpoint.display()
+                );
+                eprintln!("resume with: trainer train --resume {}", dir.display());
+            }
+            std::process::ExitCode::from(130)
+        }
         Err(e) => {
             // `{:#}` prints the error with its causes on one line, without a backtrace.
             eprintln!("error: {e:#}");
@@ -189,8 +210,8 @@ fn run_recipes(args: RecipesArgs) -> Result<()> {
             let recipe = Recipe::resolve(&name)?;
             print!("{}", recipe.to_toml());
             if let Some(n_blocks) = plan {
-                if n_blocks == 0 {
-                    bail!("--plan needs at least one block");
+                if n_blocks == 0 || n_blocks > MAX_LAYERS {
+                    bail!("--plan needs 1..={MAX_LAYERS} blocks, got {n_blocks}");
                 }
                 if !(0.0..=1.0).contains(&progress) {
                     bail!("--progress {progress} must be in [0, 1]");
@@ -208,6 +229,10 @@ fn run_recipes(args: RecipesArgs) -> Result<()> {
 fn run_data(cmd: DataCommand) -> Result<()> {
     match cmd {
         DataCommand::Sample { seed, bytes } => {
+            trainer::memory::check(
+                &format!("a corpus sample of {bytes} bytes"),
+                data::corpus_memory(bytes),
+            )?;
             let text = data::generate(seed, bytes);
             let mut out = std::io::stdout().lock();
             out.write_all(text.as_bytes())?;

@@ -143,8 +143,16 @@ impl ModelConfig {
                 self.d_model, self.n_heads
             ));
         }
-        if self.n_layers > 100_000 || self.vocab > (1 << 24) {
-            return bad("n_layers or vocab unreasonably large".into());
+        if self.n_layers > MAX_LAYERS
+            || self.vocab > MAX_VOCAB
+            || self.d_model > MAX_WIDTH
+            || self.hidden > MAX_WIDTH
+            || self.seq > MAX_SEQ
+        {
+            return bad(format!(
+                "model too large: n_layers ({}) must be at most {MAX_LAYERS}, vocab ({}) at most {MAX_VOCAB}, d_model ({}) and hidden ({}) at most {MAX_WIDTH}, seq ({}) at most {MAX_SEQ}",
+                self.n_layers, self.vocab, self.d_model, self.hidden, self.seq
+            ));
         }
         if !(self.rope_base.is_finite() && self.rope_base > 1.0) {
             return bad(format!("rope_base ({}) must be > 1", self.rope_base));
@@ -171,6 +179,15 @@ impl ModelConfig {
         self.vocab * d + self.n_layers * block + d + head
     }
 }
+
+/// Upper bound of `n_layers` (checked by [`ModelConfig::validate`]).
+pub const MAX_LAYERS: usize = 100_000;
+/// Upper bound of `vocab`.
+pub const MAX_VOCAB: usize = 1 << 24;
+/// Upper bound of `d_model` and `hidden`.
+pub const MAX_WIDTH: usize = 1 << 20;
+/// Upper bound of `seq`.
+pub const MAX_SEQ: usize = 1 << 20;
 
 /// The random-stream id of a linear layer (see the module docs).
 pub fn layer_stream(block: usize, kind: LayerKind, n_layers: usize) -> u64 {

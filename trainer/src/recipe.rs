@@ -128,6 +128,26 @@ pub const FP8_DELAYED_HISTORY: usize = 16;
 /// Fraction of the training tokens after which the built-in `nvfp4` recipes switch to BF16.
 pub const NVFP4_SWITCH_AT: f64 = 0.8;
 
+/// The longest recipe name.
+pub const MAX_NAME_LEN: usize = 64;
+
+/// Checks a recipe name (see [`Recipe::name`]): it becomes a directory name under `runs/`
+/// and `compare --out`, so it may not contain path separators or start with a dot.
+pub fn check_name(name: &str) -> Result<(), String> {
+    let ok_char = |c: char| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-');
+    if name.is_empty() || name.len() > MAX_NAME_LEN {
+        return Err(format!(
+            "name {name:?} must have 1 to {MAX_NAME_LEN} characters"
+        ));
+    }
+    if !name.chars().all(ok_char) || name.starts_with('.') {
+        return Err(format!(
+            "name {name:?} may only use A-Z, a-z, 0-9, '.', '_' and '-' and may not start with '.' (it names the run's directory)"
+        ));
+    }
+    Ok(())
+}
+
 /// Why a recipe could not be found, parsed or accepted.
 #[derive(Debug, thiserror::Error)]
 pub enum RecipeError {
@@ -161,8 +181,9 @@ pub enum RecipeError {
         /// What is wrong.
         message: String,
     },
-    /// A recipe file could not be read.
-    #[error("{path}: {source}")]
+    /// A recipe file could not be read (also: a spec that looks like a path but names no
+    /// file).
+    #[error("recipe file {path}")]
     Io {
         /// The file.
         path: PathBuf,
@@ -334,7 +355,8 @@ impl Schedule {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Recipe {
-    /// Name (built-in name or user choice).
+    /// Name (built-in name or user choice): 1 to [`MAX_NAME_LEN`] characters from
+    /// `A-Z a-z 0-9 . _ -`, not starting with `.`, because it names output directories.
     pub name: String,
     /// One line saying what the recipe is.
     #[serde(default, skip_serializing_if = "String::is_empty")]
@@ -730,13 +752,20 @@ impl Recipe {
 
     /// A built-in name, or else the path of a TOML recipe file.
     ///
-    /// Errors: [`RecipeError::UnknownRecipe`] (listing the built-ins) when `spec` is neither.
+    /// Errors: [`RecipeError::Io`] when `spec` looks like a path (it has a `/` or ends in
+    /// `.toml`) or names a file that cannot be read; [`RecipeError::UnknownRecipe`] (listing
+    /// the built-ins) when it is neither a built-in nor a file.
     pub fn resolve(spec: &str) -> Result<Recipe, RecipeError> {
         if BUILTIN_NAMES.contains(&spec) {
             return Recipe::builtin(spec);
         }
         let path = Path::new(spec);
-        if path.is_file() {
+        let looks_like_path = spec.contains(std::path::MAIN_SEPARATOR)
+            || spec.contains('/')
+            || path
+                .extension()
+                .is_some_and(|e| e.eq_ignore_ascii_case("toml"));
+        if path.exists() || looks_like_path {
             return Recipe::from_file(path);
         }
         Recipe::builtin(spec)
@@ -789,6 +818,7 @@ impl Recipe {
             name: self.name.clone(),
             message,
         };
+        check_name(&self.name).map_err(invalid)?;
         validate_policy(&self.linear).map_err(|m| invalid(format!("linear.{m}")))?;
         for (i, o) in self.overrides.iter().enumerate() {
             validate_policy(&o.policy)

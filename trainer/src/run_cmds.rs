@@ -54,9 +54,13 @@ pub struct TrainArgs {
     #[arg(long)]
     out: Option<PathBuf>,
     /// Continue from a checkpoint (a checkpoint directory or a run directory); model,
-    /// recipe, data and schedule come from the checkpoint.
-    #[arg(long, value_name = "DIR", conflicts_with_all = ["config", "preset", "data", "recipe"])]
+    /// recipe, data, seed and schedule come from the checkpoint.
+    #[arg(long, value_name = "DIR", conflicts_with_all = ["config", "preset", "data", "recipe", "overwrite"])]
     resume: Option<PathBuf>,
+    /// Delete the run already in --out (its run.toml, recipe.toml, metrics, summary and
+    /// checkpoints) and start over; without it an existing run is refused.
+    #[arg(long)]
+    overwrite: bool,
 }
 
 /// `trainer compare`.
@@ -84,9 +88,13 @@ pub struct CompareArgs {
     /// a subdirectory named after its recipe (`<recipe>/seed<k>` with several seeds). A run
     /// that already finished there with the same configuration and recipe is reused, so an
     /// interrupted comparison, or one extended with more seeds or recipes, trains only
-    /// what is missing.
+    /// what is missing (an interrupted run continues from its last checkpoint).
     #[arg(long)]
     out: Option<PathBuf>,
+    /// Delete runs in --out that were made with another configuration or recipe and train
+    /// them again; without it such a run is refused.
+    #[arg(long)]
+    overwrite: bool,
 }
 
 /// `trainer sample`.
@@ -116,12 +124,22 @@ pub struct SampleArgs {
     /// Worker threads.
     #[arg(long)]
     threads: Option<usize>,
+    /// Print token ids (space-separated) instead of text; needed for models whose
+    /// vocabulary is not byte-level.
+    #[arg(long)]
+    ids: bool,
 }
+
+/// The most worker threads `--threads` accepts.
+const MAX_THREADS: usize = 1024;
+
+/// The most seeds `compare --seeds` accepts.
+const MAX_SEEDS: u64 = 1000;
 
 fn set_threads(threads: Option<usize>) -> Result<()> {
     if let Some(n) = threads {
-        if n == 0 {
-            bail!("--threads must be at least 1");
+        if n == 0 || n > MAX_THREADS {
+            bail!("--threads must be in 1..={MAX_THREADS}, got {n}");
         }
         // matrixmultiply reads this when its first GEMM runs
         std::env::set_var("MATMUL_NUM_THREADS", n.to_string());
@@ -146,12 +164,19 @@ fn parse_data(spec: &str, vocab: usize) -> Result<DataSource> {
             bail!("--data corpus:SEED:BYTES, got {spec:?}");
         }
         return Ok(DataSource::Corpus {
-            seed: parts[0].parse().context("corpus seed")?,
-            bytes: parts[1].parse().context("corpus bytes")?,
+            seed: parts[0]
+                .parse()
+                .with_context(|| format!("--data {spec:?}: corpus seed"))?,
+            bytes: parts[1]
+                .parse()
+                .with_context(|| format!("--data {spec:?}: corpus bytes"))?,
         });
     }
     let path = PathBuf::from(spec);
-    if path.extension().is_some_and(|e| e == "bin") {
+    if path
+        .extension()
+        .is_some_and(|e| e.eq_ignore_ascii_case("bin"))
+    {
         Ok(DataSource::Shard {
             path,
             format: ShardFormat::Auto,
@@ -170,7 +195,13 @@ fn run_config(a: &RunArgs) -> Result<RunConfig> {
     };
     if let Some(s) = a.steps {
         cfg.train.steps = s;
-        cfg.train.warmup_steps = cfg.train.warmup_steps.min(s);
+        if cfg.train.warmup_steps > s {
+            println!(
+                "note: --steps {s} is below train.warmup_steps ({}): the warmup takes the whole run (the divergence guard still watches it, against the first step's loss)",
+                cfg.train.warmup_steps
+            );
+            cfg.train.warmup_steps = s;
+        }
     }
     if let Some(s) = a.seed {
         cfg.train.seed = s;
@@ -203,18 +234,38 @@ fn print_divergence(e: &anyhow::Error, out: &Path) {
 
 pub fn run_train(args: TrainArgs) -> Result<()> {
     set_threads(args.run.threads)?;
+    install_stop_handlers()?;
     let t0 = Instant::now();
     let mut tr = if let Some(dir) = &args.resume {
-        let ck = trainer::checkpoint::resolve(dir)?;
-        // default output: the run directory holding checkpoints/step-N
-        let out = args.out.clone().unwrap_or_else(|| {
-            ck.parent()
-                .and_then(Path::parent)
-                .map(Path::to_path_buf)
-                .unwrap_or_else(|| PathBuf::from("."))
-        });
+        for (flag, given) in [
+            ("--seed", args.run.seed.is_some()),
+            ("--eval-every", args.run.eval_every.is_some()),
+        ] {
+            if given {
+                bail!("{flag} cannot be changed on --resume: a resume continues the same run with the checkpoint's settings");
+            }
+        }
+        let (from, default_out) = match trainer::checkpoint::resolve(dir) {
+            // default output: the run directory holding checkpoints/step-N
+            Ok(ck) => {
+                let run_dir = ck
+                    .parent()
+                    .and_then(Path::parent)
+                    .map(Path::to_path_buf)
+                    .unwrap_or_else(|| PathBuf::from("."));
+                (ck, run_dir)
+            }
+            // a run directory without a checkpoint yet starts again from its run.toml
+            Err(trainer::checkpoint::CheckpointError::NotACheckpoint(_))
+                if dir.join("run.toml").is_file() =>
+            {
+                (dir.clone(), dir.clone())
+            }
+            Err(e) => return Err(e.into()),
+        };
+        let out = args.out.clone().unwrap_or(default_out);
         let tr = Trainer::resume(
-            &ck,
+            &from,
             TrainOptions {
                 out,
                 quiet: args.run.quiet,
@@ -227,7 +278,11 @@ pub fn run_train(args: TrainArgs) -> Result<()> {
                 tr.cfg.train.steps
             );
         }
-        println!("resuming {} at step {}", ck.display(), tr.step);
+        if tr.step >= tr.cfg.train.steps {
+            println!("{} already finished ({} steps)", from.display(), tr.step);
+        } else {
+            println!("resuming {} at step {}", from.display(), tr.step);
+        }
         tr
     } else {
         let cfg = run_config(&args.run)?;
@@ -251,7 +306,7 @@ pub fn run_train(args: TrainArgs) -> Result<()> {
             cfg.train.steps * cfg.tokens_per_step(),
             out.display()
         );
-        Trainer::new(
+        let mut tr = Trainer::new(
             cfg,
             recipe,
             TrainOptions {
@@ -259,7 +314,9 @@ pub fn run_train(args: TrainArgs) -> Result<()> {
                 quiet: args.run.quiet,
                 stop_after: None,
             },
-        )?
+        )?;
+        tr.set_overwrite(args.overwrite);
+        tr
     };
     let out = tr.opts_out().to_path_buf();
     let s = match tr.run() {
@@ -285,18 +342,32 @@ pub fn run_train(args: TrainArgs) -> Result<()> {
 
 pub fn run_compare(args: CompareArgs) -> Result<()> {
     set_threads(args.run.threads)?;
+    install_stop_handlers()?;
     let cfg = run_config(&args.run)?;
     if args.recipes.is_empty() {
         bail!("--recipes needs at least one recipe");
     }
-    if args.seeds == 0 {
-        bail!("--seeds must be at least 1");
+    if args.seeds == 0 || args.seeds > MAX_SEEDS {
+        bail!(
+            "--seeds must be at least 1 and at most {MAX_SEEDS}, got {}",
+            args.seeds
+        );
     }
     let recipes = args
         .recipes
         .iter()
         .map(|r| Recipe::resolve(r.trim()))
         .collect::<Result<Vec<_>, _>>()?;
+    for (i, r) in recipes.iter().enumerate() {
+        if let Some(j) = recipes[..i].iter().position(|o| o.name == r.name) {
+            bail!(
+                "--recipes: {} and {} are both named '{}' and would share one output folder; give each recipe a distinct `name`",
+                args.recipes[j].trim(),
+                args.recipes[i].trim(),
+                r.name
+            );
+        }
+    }
     let reference = args
         .reference
         .as_deref()
@@ -355,17 +426,29 @@ pub fn run_compare(args: CompareArgs) -> Result<()> {
             });
             continue;
         }
-        let mut tr = Trainer::new(
-            run_cfg,
-            recipe.clone(),
-            TrainOptions {
-                out: dir.clone(),
-                quiet: args.run.quiet,
-                stop_after: None,
-            },
-        )?;
+        let opts = TrainOptions {
+            out: dir.clone(),
+            quiet: args.run.quiet,
+            stop_after: None,
+        };
+        let mut tr = if same_run(&dir, &run_cfg, recipe) {
+            // interrupted earlier: continue from its last checkpoint
+            let tr = Trainer::resume(&dir, opts)?;
+            println!(
+                "{} seed {seed}: continuing the interrupted run in {} at step {}",
+                recipe.name,
+                dir.display(),
+                tr.step
+            );
+            tr
+        } else {
+            let mut tr = Trainer::new(run_cfg, recipe.clone(), opts)?;
+            tr.set_overwrite(args.overwrite);
+            tr
+        };
         let summary = match tr.run() {
             Ok(s) => s,
+            Err(e @ (TrainError::Stopped { .. } | TrainError::RunDir(_))) => return Err(e.into()),
             Err(e) => {
                 let e = anyhow::Error::from(e);
                 print_divergence(&e, &dir);
@@ -419,20 +502,36 @@ pub fn run_compare(args: CompareArgs) -> Result<()> {
 /// comparison that was interrupted, or is extended with more seeds or recipes, does not
 /// train it again.
 fn finished_run(dir: &Path, cfg: &RunConfig, recipe: &Recipe) -> Option<RunSummary> {
-    let same = |name: &str, want: String| {
-        std::fs::read_to_string(dir.join(name)).is_ok_and(|have| have == want)
-    };
-    if !(same("run.toml", cfg.to_toml()) && same("recipe.toml", recipe.to_toml())) {
+    if !same_run(dir, cfg, recipe) {
         return None;
     }
     let text = std::fs::read_to_string(dir.join("summary.json")).ok()?;
     serde_json::from_str(&text).ok()
 }
 
+/// Whether `dir` holds a run (finished or not) of exactly this configuration and recipe.
+fn same_run(dir: &Path, cfg: &RunConfig, recipe: &Recipe) -> bool {
+    let same = |name: &str, want: String| {
+        std::fs::read_to_string(dir.join(name)).is_ok_and(|have| have == want)
+    };
+    same("run.toml", cfg.to_toml()) && same("recipe.toml", recipe.to_toml())
+}
+
+/// SIGINT and SIGTERM stop training after the current step, with a checkpoint.
+fn install_stop_handlers() -> Result<()> {
+    trainer::interrupt::install_handlers().context("installing the SIGINT/SIGTERM handlers")
+}
+
 pub fn run_sample(args: SampleArgs) -> Result<()> {
     set_threads(args.threads)?;
     let recipe = Recipe::resolve(&args.recipe)?;
     let mut s = Sampler::load(&args.checkpoint, recipe)?;
+    if s.vocab() > 256 && !args.ids {
+        bail!(
+            "the model's vocabulary has {} tokens, not bytes, and this build has no tokenizer for it; pass --ids to print token ids (the prompt is read as bytes)",
+            s.vocab()
+        );
+    }
     let prompt: Vec<u32> = args.prompt.bytes().map(u32::from).collect();
     let out = s.generate(
         &prompt,
@@ -443,11 +542,17 @@ pub fn run_sample(args: SampleArgs) -> Result<()> {
             seed: args.seed,
         },
     )?;
-    let bytes: Vec<u8> = prompt
+    if args.ids {
+        let ids: Vec<String> = prompt.iter().chain(&out).map(u32::to_string).collect();
+        println!("{}", ids.join(" "));
+        return Ok(());
+    }
+    let bytes = prompt
         .iter()
         .chain(&out)
-        .map(|&t| u8::try_from(t).unwrap_or(b'?'))
-        .collect();
+        .map(|&t| u8::try_from(t))
+        .collect::<Result<Vec<u8>, _>>()
+        .context("a sampled token is not a byte")?;
     println!("{}", String::from_utf8_lossy(&bytes));
     Ok(())
 }

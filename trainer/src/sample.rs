@@ -15,6 +15,9 @@ use crate::recipe::Recipe;
 use crate::rng::Xoshiro256StarStar;
 use crate::train::TrainError;
 
+/// The most tokens [`Sampler::generate`] produces in one call.
+pub const MAX_SAMPLE_TOKENS: usize = 1_000_000;
+
 /// Sampling settings.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct SampleConfig {
@@ -45,12 +48,17 @@ impl Sampler {
         Ok(Sampler { ps, model, recipe })
     }
 
+    /// The model's vocabulary size (256 for byte-level models).
+    pub fn vocab(&self) -> usize {
+        self.model.cfg.vocab
+    }
+
     /// Next-token logits after `context` (its last `seq` tokens).
     pub fn next_logits(&mut self, context: &[u32]) -> Result<Vec<f32>, TrainError> {
         let seq = self.model.cfg.seq;
         let ctx = &context[context.len().saturating_sub(seq)..];
         if ctx.is_empty() {
-            return Err(TrainError::Config(
+            return Err(TrainError::Sampling(
                 "sampling needs a non-empty prompt".into(),
             ));
         }
@@ -74,14 +82,24 @@ impl Sampler {
     /// Generates `cfg.tokens` tokens after `prompt`; returns only the new tokens.
     pub fn generate(&mut self, prompt: &[u32], cfg: &SampleConfig) -> Result<Vec<u32>, TrainError> {
         if !(cfg.temperature.is_finite() && cfg.temperature >= 0.0) {
-            return Err(TrainError::Config(format!(
+            return Err(TrainError::Sampling(format!(
                 "temperature {} must be >= 0",
                 cfg.temperature
             )));
         }
+        if cfg.tokens > MAX_SAMPLE_TOKENS {
+            return Err(TrainError::Sampling(format!(
+                "{} tokens requested; at most {MAX_SAMPLE_TOKENS} per call (each token re-runs the forward pass)",
+                cfg.tokens
+            )));
+        }
+        crate::memory::check(
+            &format!("sampling {} tokens", cfg.tokens),
+            (prompt.len() as u128 + cfg.tokens as u128) * 8,
+        )?;
         let mut rng = Xoshiro256StarStar::seed_from_u64(cfg.seed);
         let mut ctx = prompt.to_vec();
-        let mut out = Vec::with_capacity(cfg.tokens);
+        let mut out = Vec::new();
         for _ in 0..cfg.tokens {
             let logits = self.next_logits(&ctx)?;
             let t = pick(&logits, cfg.temperature, cfg.top_k, &mut rng);

@@ -14,9 +14,20 @@
 //! # Divergence guard
 //!
 //! A step stops the run with [`TrainError::Diverged`] when its loss or gradient norm is not
-//! finite, or (after warmup) its loss exceeds `explode_factor` times the running minimum of
-//! the training loss. Nothing of that step is applied or saved: the last checkpoint stays the
-//! last good one.
+//! finite, or its loss exceeds `explode_factor` times the reference: the loss of the first
+//! step during warmup, the running minimum of the training loss after it. Nothing of that
+//! step is applied or saved. An evaluation judges the parameters it is about to checkpoint the
+//! same way (validation loss against the same reference) and refuses to save them when they
+//! fail, so the last checkpoint is always one that passed: the last good one.
+//!
+//! # Run directory
+//!
+//! [`Trainer::run`] holds an exclusive lock on the run directory while it runs
+//! ([`crate::rundir::RunLock`]); a new run refuses a directory that already holds a run unless
+//! [`Trainer::set_overwrite`] was called; leftovers of an interrupted checkpoint are removed;
+//! small files are replaced atomically and each metrics line is written with one call. A stop
+//! requested with [`crate::interrupt::request_stop`] (SIGINT/SIGTERM in the CLI) ends the run
+//! after the current step with a checkpoint and [`TrainError::Stopped`].
 
 use std::fs;
 use std::io::Write as _;
@@ -31,8 +42,11 @@ use serde::{Deserialize, Serialize};
 
 use crate::checkpoint::{self, CheckpointError, TrainState, STATE_VERSION};
 use crate::data::{split, Batcher, BatcherConfig, DataError, DataSource, Sampling, Tokens};
+use crate::interrupt;
+use crate::memory::{self, TooLarge};
 use crate::model::{Gpt, LinearProbe, ModelConfig, ModelError, Precision};
 use crate::recipe::{describe_policy, LayerKind, Recipe};
+use crate::rundir::{self, RunDirError, RunLock};
 
 /// Learning-rate schedule shape.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -83,8 +97,8 @@ pub struct TrainConfig {
     pub seed: u64,
     /// Checkpoints kept.
     pub keep_checkpoints: usize,
-    /// Divergence guard: a loss above this multiple of the running minimum (after warmup)
-    /// stops the run.
+    /// Divergence guard: a loss above this multiple of the reference (the first step's loss
+    /// during warmup, the running minimum after it) stops the run.
     pub explode_factor: f32,
     /// **For tests**: make the loss and one gradient NaN at this step, to exercise the
     /// divergence guard.
@@ -117,6 +131,9 @@ impl Default for TrainConfig {
         }
     }
 }
+
+/// Upper bound of `train.batch`, `train.grad_accum` and `train.eval_batches`.
+pub const MAX_BATCH: usize = 1 << 20;
 
 fn default_data() -> DataSource {
     DataSource::Corpus {
@@ -170,12 +187,34 @@ pub enum TrainError {
     #[error(transparent)]
     Checkpoint(#[from] CheckpointError),
     /// Output files.
-    #[error("{path}: {source}")]
+    #[error("{path}")]
     Io {
         /// The file.
         path: PathBuf,
         /// The underlying error.
         source: std::io::Error,
+    },
+    /// Invalid sampling settings (temperature, token count, prompt).
+    #[error("invalid sampling settings: {0}")]
+    Sampling(String),
+    /// The run directory is locked by another process or holds another run.
+    #[error(transparent)]
+    RunDir(#[from] RunDirError),
+    /// The run does not fit in memory (the message carries the estimate).
+    #[error(transparent)]
+    TooLarge(#[from] TooLarge),
+    /// A stop was requested ([`crate::interrupt::request_stop`]): the run ended after a
+    /// step and wrote a checkpoint.
+    #[error("stopped at step {step} of {steps} on request; checkpoint written to {checkpoint}; continue with `trainer train --resume {dir}`")]
+    Stopped {
+        /// Steps taken.
+        step: u64,
+        /// The run's total steps.
+        steps: u64,
+        /// The checkpoint written.
+        checkpoint: PathBuf,
+        /// The run directory.
+        dir: PathBuf,
     },
     /// The divergence guard tripped (see the module docs).
     #[error("training diverged at step {step}: {reason} (loss {loss}, grad norm {grad_norm}); non-finite gradients in: {bad_layers}; last good checkpoint: {last_checkpoint}")]
@@ -268,6 +307,18 @@ impl RunConfig {
         if t.steps == 0 || t.batch == 0 || t.grad_accum == 0 {
             return bad("train.steps, train.batch and train.grad_accum must be positive".into());
         }
+        if t.batch > MAX_BATCH || t.grad_accum > MAX_BATCH || t.eval_batches > MAX_BATCH {
+            return bad(format!(
+                "train.batch ({}), train.grad_accum ({}) and train.eval_batches ({}) must be at most {MAX_BATCH}",
+                t.batch, t.grad_accum, t.eval_batches
+            ));
+        }
+        if self.total_tokens_checked().is_none() {
+            return bad(format!(
+                "train.steps ({}) x train.batch ({}) x train.grad_accum ({}) x model.seq ({}) tokens overflow a 64-bit count",
+                t.steps, t.batch, t.grad_accum, self.model.seq
+            ));
+        }
         if !(t.lr.is_finite() && t.lr > 0.0 && (0.0..=1.0).contains(&t.min_lr_ratio)) {
             return bad(format!(
                 "train.lr ({}) must be > 0 and train.min_lr_ratio ({}) in [0, 1]",
@@ -311,7 +362,52 @@ impl RunConfig {
 
     /// Tokens per optimizer step.
     pub fn tokens_per_step(&self) -> u64 {
-        (self.train.batch * self.train.grad_accum * self.model.seq) as u64
+        (self.train.batch as u64)
+            .saturating_mul(self.train.grad_accum as u64)
+            .saturating_mul(self.model.seq as u64)
+    }
+
+    fn total_tokens_checked(&self) -> Option<u64> {
+        (self.train.batch as u64)
+            .checked_mul(self.train.grad_accum as u64)?
+            .checked_mul(self.model.seq as u64)?
+            .checked_mul(self.train.steps)
+    }
+
+    /// Estimated peak memory of the run in bytes: parameters with their gradients, AdamW
+    /// moments and checkpoint copies; one micro-batch's activations (per block: the saved
+    /// inputs of the norms, linear layers and MLP, the attention scores and probabilities;
+    /// the logits and their gradient); the data (5 bytes per byte of the generated corpus).
+    /// An estimate to refuse what cannot fit, not a measurement.
+    pub fn memory_estimate(&self) -> u128 {
+        let m = &self.model;
+        let w = |v: usize| v as u128;
+        let params = w(m.num_params()) * 32;
+        let rows = w(self.train.batch);
+        let tokens = rows * w(m.seq);
+        let per_block = tokens * (16 * w(m.d_model) + 8 * w(m.hidden)) * 4
+            + rows * w(m.n_heads) * w(m.seq) * w(m.seq) * 4 * 3;
+        let head = tokens * (w(m.vocab) * 4 + w(m.d_model) * 4) * 4;
+        let data = match &self.data {
+            DataSource::Corpus { bytes, .. } => crate::data::corpus_memory(*bytes),
+            _ => 0,
+        };
+        params + w(m.n_layers) * per_block + head + data
+    }
+
+    /// Refuses a run whose [`RunConfig::memory_estimate`] exceeds the memory available
+    /// ([`TrainError::TooLarge`], with the estimate).
+    pub fn check_memory(&self) -> Result<(), TrainError> {
+        memory::check(
+            &format!(
+                "this run ({} parameters, batch {} x seq {})",
+                self.model.num_params(),
+                self.train.batch,
+                self.model.seq
+            ),
+            self.memory_estimate(),
+        )?;
+        Ok(())
     }
 
     fn schedule(&self) -> Result<LrSchedule, TrainError> {
@@ -452,8 +548,12 @@ pub struct Trainer {
     /// Training tokens consumed.
     pub tokens_seen: u64,
     running_min: Option<f32>,
+    initial_loss: Option<f32>,
     last_checkpoint: Option<PathBuf>,
     opts: TrainOptions,
+    overwrite: bool,
+    /// The run directory this trainer continues (resume), if any.
+    resumed_from: Option<PathBuf>,
 }
 
 fn param_layout(ps: &ParamStore, model: &Gpt) -> Vec<ParamSpec> {
@@ -482,6 +582,7 @@ impl Trainer {
     /// Sets up a fresh run (loads data, builds and initialises the model).
     pub fn new(cfg: RunConfig, recipe: Recipe, opts: TrainOptions) -> Result<Trainer, TrainError> {
         cfg.validate()?;
+        cfg.check_memory()?;
         recipe
             .validate()
             .map_err(|e| TrainError::Config(e.to_string()))?;
@@ -543,16 +644,32 @@ impl Trainer {
             step: 0,
             tokens_seen: 0,
             running_min: None,
+            initial_loss: None,
             last_checkpoint: None,
             opts,
+            overwrite: false,
+            resumed_from: None,
         })
     }
 
     /// Continues a run from a checkpoint (a checkpoint directory or a run directory). The
-    /// model, recipe, data and training settings come from the checkpoint; `steps`, when
-    /// given, must equal the checkpoint's.
+    /// model, recipe, data and training settings come from the checkpoint. A run directory
+    /// that has no checkpoint yet (stopped or killed before its first one) but its
+    /// `run.toml` and `recipe.toml` starts again from step 0 with them.
     pub fn resume(path: &Path, opts: TrainOptions) -> Result<Trainer, TrainError> {
-        let ck = checkpoint::load(path)?;
+        let ck = match checkpoint::load(path) {
+            Ok(ck) => ck,
+            Err(CheckpointError::NotACheckpoint(_)) if is_unstarted_run(path) => {
+                let cfg = RunConfig::from_file(&path.join("run.toml"))?;
+                let recipe_path = path.join("recipe.toml");
+                let recipe = Recipe::from_file(&recipe_path)
+                    .map_err(|e| TrainError::Config(format!("{}: {e}", recipe_path.display())))?;
+                let mut tr = Trainer::new(cfg, recipe, opts)?;
+                tr.resumed_from = Some(path.to_path_buf());
+                return Ok(tr);
+            }
+            Err(e) => return Err(e.into()),
+        };
         let st = &ck.state;
         let cfg = RunConfig {
             model: st.model.clone(),
@@ -560,6 +677,7 @@ impl Trainer {
             data: st.data.clone(),
         };
         cfg.validate()?;
+        cfg.check_memory()?;
         let tokens = cfg.data.load()?;
         let (train, val) = split(&tokens, cfg.train.val_fraction)?;
         let batcher = Batcher::from_state(train.clone(), &st.batcher)?;
@@ -569,8 +687,32 @@ impl Trainer {
         tr.step = st.step;
         tr.tokens_seen = st.tokens_seen;
         tr.running_min = st.running_min_loss;
+        tr.initial_loss = st.initial_loss;
         tr.last_checkpoint = Some(ck.dir.clone());
+        tr.resumed_from = ck
+            .dir
+            .parent()
+            .and_then(Path::parent)
+            .map(Path::to_path_buf);
         Ok(tr)
+    }
+
+    /// Lets [`Trainer::run`] delete an existing run in its directory (its run files, see
+    /// [`crate::rundir::RUN_FILES`]) instead of refusing it.
+    pub fn set_overwrite(&mut self, overwrite: bool) {
+        self.overwrite = overwrite;
+    }
+
+    /// The guard's reference loss: the first step's loss during warmup, the running
+    /// minimum after it.
+    fn guard_reference(&self) -> Option<(f32, &'static str)> {
+        if self.step < self.cfg.train.warmup_steps {
+            self.initial_loss
+                .or(self.running_min)
+                .map(|l| (l, "the first step's loss"))
+        } else {
+            self.running_min.map(|l| (l, "the running minimum"))
+        }
     }
 
     /// The run directory.
@@ -740,17 +882,15 @@ impl Trainer {
         if !loss.is_finite() || !grad_norm.is_finite() {
             return Err(diverged("non-finite loss or gradient norm".into(), self));
         }
-        if self.step >= self.cfg.train.warmup_steps {
-            if let Some(m) = self.running_min {
-                if loss > self.cfg.train.explode_factor * m {
-                    return Err(diverged(
-                        format!(
-                            "loss exploded above {}x the running minimum {m}",
-                            self.cfg.train.explode_factor
-                        ),
-                        self,
-                    ));
-                }
+        if let Some((m, what)) = self.guard_reference() {
+            if loss > self.cfg.train.explode_factor * m {
+                return Err(diverged(
+                    format!(
+                        "loss exploded above {}x {what} {m}",
+                        self.cfg.train.explode_factor
+                    ),
+                    self,
+                ));
             }
         }
         let coef = optim::clip_coefficient(grad_norm, self.cfg.train.clip)?;
@@ -762,6 +902,7 @@ impl Trainer {
         self.step = step_no;
         self.tokens_seen += self.cfg.tokens_per_step();
         self.running_min = Some(self.running_min.map_or(loss, |m| m.min(loss)));
+        self.initial_loss.get_or_insert(loss);
         Ok((loss, grad_norm, lr))
     }
 
@@ -777,6 +918,7 @@ impl Trainer {
             data: self.cfg.data.clone(),
             batcher: self.batcher.state(),
             running_min_loss: self.running_min,
+            initial_loss: self.initial_loss,
             quant_states: checkpoint::quant_state_records(&self.ps),
             tensors_crc32: 0,
             optimizer_crc32: 0,
@@ -794,13 +936,41 @@ impl Trainer {
 
     /// Runs to the end (or to `stop_after` steps in this process), evaluating and
     /// checkpointing every `eval_every` steps and at the end.
+    ///
+    /// Holds the run directory's lock throughout ([`TrainError::RunDir`] when another
+    /// process holds it); a new run refuses a directory that holds another run unless
+    /// [`Trainer::set_overwrite`]; a stop request ends the run after the current step with a
+    /// checkpoint ([`TrainError::Stopped`]). A run that already finished returns its
+    /// `summary.json` unchanged.
     pub fn run(&mut self) -> Result<RunSummary, TrainError> {
         let out = self.opts.out.clone();
-        fs::create_dir_all(&out).map_err(io_err(&out))?;
+        let _lock = RunLock::acquire(&out)?;
+        let same_dir = |a: &Path, b: &Path| match (fs::canonicalize(a), fs::canonicalize(b)) {
+            (Ok(a), Ok(b)) => a == b,
+            _ => false,
+        };
+        let continues_here = self
+            .resumed_from
+            .as_deref()
+            .is_some_and(|d| same_dir(d, &out));
+        if !continues_here {
+            rundir::prepare_fresh(&out, self.overwrite)?;
+        }
+        rundir::remove_leftovers(&out.join("checkpoints"))?;
         let write = |name: &str, text: String| -> Result<(), TrainError> {
             let p = out.join(name);
-            fs::write(&p, text).map_err(io_err(&p))
+            rundir::write_atomic(&p, text.as_bytes()).map_err(io_err(&p))
         };
+        let total = self.cfg.train.steps;
+        if self.step >= total {
+            let p = out.join("summary.json");
+            if let Some(s) = fs::read_to_string(&p)
+                .ok()
+                .and_then(|t| serde_json::from_str::<RunSummary>(&t).ok())
+            {
+                return Ok(s);
+            }
+        }
         write("run.toml", self.cfg.to_toml())?;
         write("recipe.toml", self.recipe.to_toml())?;
         // metrics: keep the lines up to the current step (resume), then append
@@ -818,13 +988,12 @@ impl Trainer {
                 }
             }
         }
-        fs::write(&mpath, &kept).map_err(io_err(&mpath))?;
+        rundir::write_atomic(&mpath, kept.as_bytes()).map_err(io_err(&mpath))?;
         let mut metrics = fs::OpenOptions::new()
             .append(true)
             .open(&mpath)
             .map_err(io_err(&mpath))?;
 
-        let total = self.cfg.train.steps;
         let bar = if self.opts.quiet {
             ProgressBar::with_draw_target(Some(total), ProgressDrawTarget::hidden())
         } else {
@@ -845,17 +1014,19 @@ impl Trainer {
             .opts
             .stop_after
             .map_or(total, |s| (self.step + s).min(total));
+        let diverged = |e: TrainError, bar: &ProgressBar| {
+            bar.abandon();
+            let _ = write("diagnosis.txt", format!("{e}\n"));
+            e
+        };
         while self.step < stop_at {
             let t0 = Instant::now();
             let (loss, grad_norm, lr) = match self.train_step() {
                 Ok(v) => v,
-                Err(e @ TrainError::Diverged { .. }) => {
-                    bar.abandon();
-                    let _ = write("diagnosis.txt", format!("{e}\n"));
-                    return Err(e);
-                }
+                Err(e @ TrainError::Diverged { .. }) => return Err(diverged(e, &bar)),
                 Err(e) => return Err(e),
             };
+            interrupt::hook("step");
             let dt = t0.elapsed().as_secs_f64();
             let tps = self.cfg.tokens_per_step() as f64 / dt.max(1e-9);
             let eval_now = self.step % self.cfg.train.eval_every == 0 || self.step == total;
@@ -876,9 +1047,14 @@ impl Trainer {
                 progress: self.progress(),
                 layers,
             };
-            let line = serde_json::to_string(&m).unwrap_or_default();
-            writeln!(metrics, "{line}").map_err(io_err(&mpath))?;
+            let mut line = serde_json::to_string(&m).unwrap_or_default();
+            line.push('\n');
+            // one write call per line: a concurrent reader never sees half a line
+            metrics.write_all(line.as_bytes()).map_err(io_err(&mpath))?;
             if let Some(v) = val_loss {
+                if let Err(e) = self.judge_validation(v, loss, grad_norm) {
+                    return Err(diverged(e, &bar));
+                }
                 last.2 = v;
                 // keep the last statistics that saw a quantized layer (a recipe's late
                 // switch to BF16 would otherwise leave only BF16 layers to report)
@@ -901,6 +1077,19 @@ impl Trainer {
                 }
             ));
             bar.set_position(self.step);
+            if interrupt::stop_requested() && self.step < total {
+                bar.abandon();
+                let checkpoint = match &self.last_checkpoint {
+                    Some(p) if p.ends_with(checkpoint::step_dir_name(self.step)) => p.clone(),
+                    _ => self.save_checkpoint()?,
+                };
+                return Err(TrainError::Stopped {
+                    step: self.step,
+                    steps: total,
+                    checkpoint,
+                    dir: out.clone(),
+                });
+            }
         }
         bar.finish();
         let saved_here = self
@@ -945,6 +1134,49 @@ impl Trainer {
         }
         Ok(summary)
     }
+
+    /// The guard applied to the parameters about to be checkpointed: a validation loss that
+    /// is not finite or above `explode_factor` times the reference is a divergence, and the
+    /// checkpoint is not written.
+    fn judge_validation(&self, val_loss: f32, loss: f32, grad_norm: f32) -> Result<(), TrainError> {
+        let reason = if !val_loss.is_finite() {
+            Some("non-finite validation loss".to_string())
+        } else {
+            self.guard_reference().and_then(|(m, what)| {
+                (val_loss > self.cfg.train.explode_factor * m).then(|| {
+                    format!(
+                        "validation loss {val_loss} above {}x {what} {m}",
+                        self.cfg.train.explode_factor
+                    )
+                })
+            })
+        };
+        match reason {
+            None => Ok(()),
+            Some(reason) => Err(TrainError::Diverged {
+                step: self.step,
+                reason: format!("{reason}; the parameters after this step were not saved"),
+                loss,
+                grad_norm,
+                bad_layers: "none".into(),
+                last_checkpoint: self
+                    .last_checkpoint
+                    .as_ref()
+                    .map(|p| p.display().to_string())
+                    .unwrap_or_else(|| "none".into()),
+            }),
+        }
+    }
+}
+
+/// Whether `dir` holds a run that has written its configuration but no checkpoint yet.
+fn is_unstarted_run(dir: &Path) -> bool {
+    dir.join("run.toml").is_file()
+        && dir.join("recipe.toml").is_file()
+        && !dir
+            .join("checkpoints")
+            .join(checkpoint::LATEST_FILE)
+            .exists()
 }
 
 /// Reads `metrics.jsonl`.

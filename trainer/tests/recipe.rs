@@ -44,8 +44,18 @@ fn unknown_recipe_names_list_the_valid_ones() {
     assert!(matches!(e, RecipeError::UnknownRecipe { .. }));
     let msg = e.to_string();
     assert!(msg.starts_with("unknown recipe 'nvfp5'; valid: fp32, bf16, fp8-delayed, fp8-current, mxfp8, mxfp4, nvfp4, nvfp4-no-rht"), "{msg}");
-    let e = Recipe::resolve("no/such/file.toml").unwrap_err();
-    assert!(e.to_string().contains("valid: fp32"), "{e}");
+    // A spec that looks like a path is a missing file, not an unknown name.
+    for spec in ["no/such/file.toml", "mine.toml"] {
+        let e = Recipe::resolve(spec).unwrap_err();
+        assert!(matches!(e, RecipeError::Io { .. }), "{e:?}");
+        assert_eq!(e.to_string(), format!("recipe file {spec}"));
+        let chain = std::error::Error::source(&e).unwrap().to_string();
+        assert!(chain.contains("No such file"), "{chain}");
+    }
+    assert!(matches!(
+        Recipe::resolve("nvfp5"),
+        Err(RecipeError::UnknownRecipe { .. })
+    ));
 }
 
 #[test]

@@ -6,7 +6,7 @@ use std::path::PathBuf;
 #[derive(Debug, thiserror::Error)]
 pub enum DataError {
     /// The file could not be opened, read or mapped.
-    #[error("{path}: {source}")]
+    #[error("{path}")]
     Io {
         /// The file.
         path: PathBuf,
@@ -115,6 +115,9 @@ pub enum DataError {
     /// An invalid setting (batch size 0, split fraction outside [0, 1), ...).
     #[error("invalid data setting: {0}")]
     InvalidConfig(String),
+    /// The request does not fit in memory (the message carries the estimate).
+    #[error(transparent)]
+    TooLarge(#[from] crate::memory::TooLarge),
     /// A saved batcher state that does not belong to this data or configuration.
     #[error("batcher state does not match: {0}")]
     StateMismatch(String),

@@ -104,14 +104,23 @@ pub fn load_text_file(path: &Path) -> Result<Tokens, DataError> {
     Ok(Tokens::from_bytes(bytes).with_origin(&path.display().to_string()))
 }
 
+/// The largest vocabulary a `uint16` shard can use.
+pub const MAX_SHARD_VOCAB: u32 = 1 << 16;
+
 /// Memory-maps and validates a `uint16` token shard (see the module docs for the layouts).
 ///
 /// Errors: [`DataError::Io`]; for llm.c: [`DataError::BadMagic`] (only with
 /// [`ShardFormat::LlmC`]), [`DataError::UnsupportedVersion`], [`DataError::BadTokenCount`],
 /// [`DataError::Truncated`], [`DataError::TrailingBytes`]; for raw files:
 /// [`DataError::OddLength`]; for both: [`DataError::Empty`] and
-/// [`DataError::TokenOutOfRange`] (a token `>= vocab_size`).
+/// [`DataError::TokenOutOfRange`] (a token `>= vocab_size`); [`DataError::InvalidConfig`] for
+/// a `vocab_size` outside `1..=`[`MAX_SHARD_VOCAB`].
 pub fn open_shard(path: &Path, format: ShardFormat, vocab_size: u32) -> Result<Shard, DataError> {
+    if vocab_size == 0 || vocab_size > MAX_SHARD_VOCAB {
+        return Err(DataError::InvalidConfig(format!(
+            "shard vocabulary size {vocab_size} must be in 1..={MAX_SHARD_VOCAB} (uint16 tokens)"
+        )));
+    }
     let file = File::open(path).map_err(|e| io_err(path, e))?;
     let len = file.metadata().map_err(|e| io_err(path, e))?.len();
     let origin = path.display().to_string();

@@ -45,6 +45,13 @@ pub use files::{
 pub use stats::{conditional_entropy_bits, unigram_entropy_bits, unigram_entropy_nats, TokenStats};
 pub use tokens::{split, Tokens, BYTE_VOCAB};
 
+/// Estimated peak memory of [`generate`]`(_, bytes)` and the tokens made from it: the
+/// growing text (up to twice its length while it grows), its agreement annotations and the
+/// token copy.
+pub fn corpus_memory(bytes: usize) -> u128 {
+    bytes as u128 * 5
+}
+
 /// Where training tokens come from, as data (e.g. part of a run configuration).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "kind", rename_all = "kebab-case", deny_unknown_fields)]
@@ -83,6 +90,7 @@ impl DataSource {
                         origin: "corpus of 0 bytes".into(),
                     });
                 }
+                crate::memory::check(&format!("a corpus of {bytes} bytes"), corpus_memory(*bytes))?;
                 Ok(Tokens::from_bytes(generate(*seed, *bytes).into_bytes())
                     .with_origin(&format!("corpus(seed {seed}, {bytes} bytes)")))
             }

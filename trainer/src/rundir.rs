@@ -1,0 +1,307 @@
+//! Run directories: the exclusive lock a run holds for its whole life, recognition (and
+//! refusal) of an existing run, removal of what an interrupted checkpoint left behind, and
+//! atomic replacement of small files.
+//!
+//! * [`RunLock::acquire`] takes an exclusive advisory lock (`flock`) on `DIR/.lock` and writes
+//!   the holder (process id, host, command line) into it; a second process gets
+//!   [`RunDirError::Locked`] naming the holder. The lock is released when the [`RunLock`] is
+//!   dropped or the process ends (also on `kill -9`).
+//! * [`existing_run_files`] lists the files that make a directory a run directory
+//!   ([`RUN_FILES`]); [`remove_run_files`] deletes exactly those (`--overwrite`).
+//! * [`remove_leftovers`] deletes `checkpoints/.tmp-step-*` directories and
+//!   `checkpoints/.latest.tmp` that a killed or failed checkpoint write left.
+//! * [`write_atomic`] writes a file through a temporary name, fsync and rename, so a reader
+//!   (or a crash) sees the old or the new content, never a truncated file.
+
+use std::fs;
+use std::io::{Read as _, Seek as _, Write as _};
+use std::path::{Path, PathBuf};
+
+/// The lock file in a run directory.
+pub const LOCK_FILE: &str = ".lock";
+
+/// The entries that make a directory a run directory.
+pub const RUN_FILES: &[&str] = &[
+    "run.toml",
+    "recipe.toml",
+    "metrics.jsonl",
+    "summary.json",
+    "diagnosis.txt",
+    "checkpoints",
+];
+
+/// Why a run directory cannot be used.
+#[derive(Debug, thiserror::Error)]
+pub enum RunDirError {
+    /// File-system error.
+    #[error("{path}: {message}")]
+    Io {
+        /// The file or directory.
+        path: PathBuf,
+        /// The operating system's message.
+        message: String,
+    },
+    /// Another process holds the run directory's lock.
+    #[error(
+        "{dir} is in use by another process ({holder}); wait for it to finish or stop it first"
+    )]
+    Locked {
+        /// The run directory.
+        dir: PathBuf,
+        /// What the holder wrote into the lock file (process id, host, command line).
+        holder: String,
+    },
+    /// A new run was asked to write into a directory that holds another run.
+    #[error("{dir} already holds a run ({found}); continue it with `trainer train --resume {dir}`, or pass --overwrite to delete it and start over")]
+    Exists {
+        /// The run directory.
+        dir: PathBuf,
+        /// The run files found (comma-separated).
+        found: String,
+    },
+}
+
+fn io(path: &Path) -> impl FnOnce(std::io::Error) -> RunDirError + '_ {
+    move |e| RunDirError::Io {
+        path: path.to_path_buf(),
+        message: e.to_string(),
+    }
+}
+
+/// An exclusive lock on a run directory, held until dropped.
+#[derive(Debug)]
+pub struct RunLock {
+    _file: fs::File,
+    dir: PathBuf,
+}
+
+impl RunLock {
+    /// Creates `dir` if needed and locks it (non-blocking): [`RunDirError::Locked`] when
+    /// another process holds the lock.
+    pub fn acquire(dir: &Path) -> Result<RunLock, RunDirError> {
+        fs::create_dir_all(dir).map_err(io(dir))?;
+        let path = dir.join(LOCK_FILE);
+        let mut file = fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(&path)
+            .map_err(io(&path))?;
+        if !try_lock_exclusive(&file).map_err(io(&path))? {
+            let mut holder = String::new();
+            let _ = file.read_to_string(&mut holder);
+            let holder = holder.trim();
+            return Err(RunDirError::Locked {
+                dir: dir.to_path_buf(),
+                holder: if holder.is_empty() {
+                    "holder unknown".into()
+                } else {
+                    holder.replace('\n', "; ")
+                },
+            });
+        }
+        let info = format!(
+            "pid {} on {}, started {}: {}\n",
+            std::process::id(),
+            hostname(),
+            unix_time(),
+            std::env::args().collect::<Vec<_>>().join(" ")
+        );
+        file.set_len(0).map_err(io(&path))?;
+        file.rewind().map_err(io(&path))?;
+        file.write_all(info.as_bytes()).map_err(io(&path))?;
+        Ok(RunLock {
+            _file: file,
+            dir: dir.to_path_buf(),
+        })
+    }
+
+    /// The locked directory.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+}
+
+fn unix_time() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
+}
+
+fn hostname() -> String {
+    fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|s| s.trim().to_string())
+        .ok()
+        .filter(|s| !s.is_empty())
+        .unwrap_or_else(|| "this host".into())
+}
+
+#[cfg(unix)]
+fn try_lock_exclusive(file: &fs::File) -> std::io::Result<bool> {
+    use std::os::unix::io::AsRawFd as _;
+    loop {
+        // SAFETY: flock on a file descriptor this function borrows; no memory is passed.
+        let r = unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
+        if r == 0 {
+            return Ok(true);
+        }
+        let e = std::io::Error::last_os_error();
+        match e.raw_os_error() {
+            Some(libc::EWOULDBLOCK) => return Ok(false),
+            Some(libc::EINTR) => continue,
+            _ => return Err(e),
+        }
+    }
+}
+
+#[cfg(not(unix))]
+fn try_lock_exclusive(_file: &fs::File) -> std::io::Result<bool> {
+    // No advisory locks here: the run directory is not protected against a second process.
+    Ok(true)
+}
+
+/// The [`RUN_FILES`] present in `dir`.
+pub fn existing_run_files(dir: &Path) -> Vec<&'static str> {
+    RUN_FILES
+        .iter()
+        .copied()
+        .filter(|f| dir.join(f).symlink_metadata().is_ok())
+        .collect()
+}
+
+/// Refuses a directory that holds a run ([`RunDirError::Exists`]) unless `overwrite`, in
+/// which case exactly its [`RUN_FILES`] are deleted (other files stay).
+pub fn prepare_fresh(dir: &Path, overwrite: bool) -> Result<(), RunDirError> {
+    let found = existing_run_files(dir);
+    if found.is_empty() {
+        return Ok(());
+    }
+    if !overwrite {
+        return Err(RunDirError::Exists {
+            dir: dir.to_path_buf(),
+            found: found.join(", "),
+        });
+    }
+    remove_run_files(dir)
+}
+
+/// Deletes the [`RUN_FILES`] of `dir`.
+pub fn remove_run_files(dir: &Path) -> Result<(), RunDirError> {
+    for f in RUN_FILES {
+        let p = dir.join(f);
+        match p.symlink_metadata() {
+            Ok(m) if m.is_dir() => fs::remove_dir_all(&p).map_err(io(&p))?,
+            Ok(_) => fs::remove_file(&p).map_err(io(&p))?,
+            Err(_) => {}
+        }
+    }
+    Ok(())
+}
+
+/// Deletes what an interrupted or failed checkpoint write left in `checkpoints`
+/// (`.tmp-step-*` directories, `.latest.tmp`). Returns the names removed.
+pub fn remove_leftovers(checkpoints: &Path) -> Result<Vec<String>, RunDirError> {
+    let mut removed = Vec::new();
+    let entries = match fs::read_dir(checkpoints) {
+        Ok(e) => e,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(removed),
+        Err(e) => return Err(io(checkpoints)(e)),
+    };
+    for entry in entries.flatten() {
+        let Ok(name) = entry.file_name().into_string() else {
+            continue;
+        };
+        let p = entry.path();
+        if name.starts_with(".tmp-step-") {
+            fs::remove_dir_all(&p).map_err(io(&p))?;
+        } else if name == ".latest.tmp" {
+            fs::remove_file(&p).map_err(io(&p))?;
+        } else {
+            continue;
+        }
+        removed.push(name);
+    }
+    removed.sort();
+    Ok(removed)
+}
+
+/// Replaces `path` with `bytes` atomically: write `.NAME.tmp` beside it, fsync, rename.
+pub fn write_atomic(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    let name = path
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let tmp = path.with_file_name(format!(".{name}.tmp"));
+    let result = (|| {
+        let mut f = fs::File::create(&tmp)?;
+        f.write_all(bytes)?;
+        f.sync_all()?;
+        fs::rename(&tmp, path)
+    })();
+    if result.is_err() {
+        let _ = fs::remove_file(&tmp);
+    }
+    result
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_second_lock_on_the_same_directory_is_refused_with_the_holder() {
+        let tmp = tempfile::tempdir().unwrap();
+        let a = RunLock::acquire(tmp.path()).unwrap();
+        let e = RunLock::acquire(tmp.path()).unwrap_err();
+        match &e {
+            RunDirError::Locked { holder, .. } => {
+                assert!(
+                    holder.contains(&format!("pid {}", std::process::id())),
+                    "{e}"
+                )
+            }
+            other => panic!("{other}"),
+        }
+        drop(a);
+        RunLock::acquire(tmp.path()).unwrap();
+    }
+
+    #[test]
+    fn existing_runs_are_refused_unless_overwritten() {
+        let tmp = tempfile::tempdir().unwrap();
+        prepare_fresh(tmp.path(), false).unwrap();
+        fs::write(tmp.path().join("notes.txt"), "mine").unwrap();
+        prepare_fresh(tmp.path(), false).unwrap();
+        fs::create_dir_all(tmp.path().join("checkpoints/step-00000001")).unwrap();
+        fs::write(tmp.path().join("metrics.jsonl"), "{}\n").unwrap();
+        let e = prepare_fresh(tmp.path(), false).unwrap_err().to_string();
+        assert!(e.contains("metrics.jsonl, checkpoints"), "{e}");
+        assert!(e.contains("--resume") && e.contains("--overwrite"), "{e}");
+        prepare_fresh(tmp.path(), true).unwrap();
+        assert!(existing_run_files(tmp.path()).is_empty());
+        assert!(tmp.path().join("notes.txt").is_file());
+    }
+
+    #[test]
+    fn leftovers_are_removed_and_atomic_writes_replace() {
+        let tmp = tempfile::tempdir().unwrap();
+        let ck = tmp.path().join("checkpoints");
+        assert!(remove_leftovers(&ck).unwrap().is_empty());
+        fs::create_dir_all(ck.join(".tmp-step-00000004")).unwrap();
+        fs::write(ck.join(".tmp-step-00000004/model.safetensors"), b"x").unwrap();
+        fs::write(ck.join(".latest.tmp"), b"step-").unwrap();
+        fs::create_dir_all(ck.join("step-00000002")).unwrap();
+        assert_eq!(
+            remove_leftovers(&ck).unwrap(),
+            [".latest.tmp", ".tmp-step-00000004"]
+        );
+        assert!(ck.join("step-00000002").is_dir());
+        let p = tmp.path().join("run.toml");
+        write_atomic(&p, b"a = 1\n").unwrap();
+        write_atomic(&p, b"a = 2\n").unwrap();
+        assert_eq!(fs::read_to_string(&p).unwrap(), "a = 2\n");
+        assert!(!tmp.path().join(".run.toml.tmp").exists());
+    }
+}
