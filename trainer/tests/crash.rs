@@ -1,0 +1,325 @@
+//! Crash safety of the real `trainer` binary: a child training process is SIGKILLed at every
+//! point of the checkpoint protocol (deterministically: the child pauses at the point through
+//! the `NIBBLE_TEST_PAUSE_AT` hook, which is read from the environment and never part of the
+//! run's configuration, and the test kills it once it has announced the pause), then the run
+//! directory is resumed and must end bit-identical to an uninterrupted run. Also: SIGTERM and
+//! SIGINT stop with a checkpoint and a resume command, a second process on a locked run
+//! directory is refused with the holder's pid, and `train --out` refuses an existing run
+//! unless `--overwrite`.
+
+#![cfg(unix)]
+
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use trainer::interrupt::{HOOK_POINTS, MARKER_ENV, PAUSE_ENV};
+
+/// 6 steps, a checkpoint every 2 (so the kills hit the first checkpoint, with nothing before
+/// it, and the second, which prunes the first: keep_checkpoints = 1).
+const CONFIG: &str = r#"
+[model]
+vocab = 256
+d_model = 32
+n_layers = 2
+n_heads = 2
+hidden = 64
+seq = 16
+
+[train]
+steps = 6
+batch = 2
+lr = 0.01
+warmup_steps = 2
+eval_every = 2
+eval_batches = 1
+keep_checkpoints = 1
+
+[data]
+kind = "corpus"
+seed = 3
+bytes = 20000
+"#;
+
+struct Setup {
+    _tmp: tempfile::TempDir,
+    root: PathBuf,
+    config: PathBuf,
+}
+
+fn setup() -> Setup {
+    let tmp = tempfile::tempdir().unwrap();
+    let root = tmp.path().to_path_buf();
+    let config = root.join("run.cfg.toml");
+    fs::write(&config, CONFIG).unwrap();
+    Setup {
+        _tmp: tmp,
+        root,
+        config,
+    }
+}
+
+fn trainer() -> Command {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_trainer"));
+    c.env_remove(PAUSE_ENV).env_remove(MARKER_ENV);
+    c
+}
+
+fn train_args(s: &Setup, out: &Path) -> Vec<String> {
+    [
+        "train",
+        "--config",
+        s.config.to_str().unwrap(),
+        "--out",
+        out.to_str().unwrap(),
+        "--quiet",
+        "--threads",
+        "1",
+    ]
+    .map(String::from)
+    .to_vec()
+}
+
+fn run(mut c: Command) -> Output {
+    c.output().expect("run trainer")
+}
+
+fn text(b: &[u8]) -> String {
+    String::from_utf8_lossy(b).into_owned()
+}
+
+fn resume(dir: &Path) -> Output {
+    let mut c = trainer();
+    c.args(["train", "--resume", dir.to_str().unwrap(), "--quiet"]);
+    c.args(["--threads", "1"]);
+    run(c)
+}
+
+/// Starts a child that pauses at `point` (its `nth` time) and waits until it says so.
+fn paused_child(args: &[String], point: &str, nth: u32, marker: &Path) -> Child {
+    let _ = fs::remove_file(marker);
+    let mut c = trainer();
+    c.args(args)
+        .env(PAUSE_ENV, format!("{point}:{nth}"))
+        .env(MARKER_ENV, marker)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let mut child = c.spawn().expect("spawn trainer");
+    let t0 = Instant::now();
+    while !marker.exists() {
+        if let Some(status) = child.try_wait().unwrap() {
+            let o = child.wait_with_output().unwrap();
+            panic!(
+                "child ended ({status}) before reaching {point}:{nth}: {}",
+                text(&o.stderr)
+            );
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(120),
+            "{point}:{nth} never reached"
+        );
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    child
+}
+
+/// The files that must be bit-identical between two finished runs, and the losses of every
+/// metrics line (throughput differs).
+fn final_state(dir: &Path) -> (Vec<Vec<u8>>, Vec<String>) {
+    let ck = dir.join("checkpoints/step-00000006");
+    let files = ["model.safetensors", "optimizer.bin", "state.json"]
+        .iter()
+        .map(|f| fs::read(ck.join(f)).unwrap_or_else(|e| panic!("{}: {e}", ck.display())))
+        .collect();
+    let metrics = fs::read_to_string(dir.join("metrics.jsonl")).unwrap();
+    let losses = metrics
+        .lines()
+        .map(|l| {
+            let v: serde_json::Value = serde_json::from_str(l).expect(l);
+            format!(
+                "{} {} {} {} {}",
+                v["step"], v["train_loss"], v["val_loss"], v["grad_norm"], v["lr"]
+            )
+        })
+        .collect();
+    (files, losses)
+}
+
+fn assert_clean(dir: &Path) {
+    let ck = dir.join("checkpoints");
+    let left: Vec<String> = fs::read_dir(&ck)
+        .unwrap()
+        .filter_map(|e| e.ok()?.file_name().into_string().ok())
+        .filter(|n| n.starts_with('.'))
+        .collect();
+    assert!(left.is_empty(), "leftovers in {}: {left:?}", ck.display());
+    assert_eq!(
+        fs::read_to_string(ck.join("latest")).unwrap(),
+        "step-00000006"
+    );
+}
+
+fn reference(s: &Setup) -> (Vec<Vec<u8>>, Vec<String>) {
+    let out = s.root.join("reference");
+    let mut c = trainer();
+    c.args(train_args(s, &out));
+    let o = run(c);
+    assert!(o.status.success(), "{}", text(&o.stderr));
+    let r = final_state(&out);
+    assert_eq!(r.1.len(), 6);
+    r
+}
+
+#[test]
+fn sigkill_at_every_point_of_a_checkpoint_write_resumes_bit_identically() {
+    let s = setup();
+    let want = reference(&s);
+    let marker = s.root.join("marker");
+    let points: Vec<&str> = HOOK_POINTS
+        .iter()
+        .copied()
+        .filter(|p| p.starts_with("checkpoint-"))
+        .collect();
+    assert_eq!(points.len(), 8);
+    let mut cases = 0;
+    for nth in [1, 2] {
+        for point in &points {
+            let out = s.root.join(format!("{point}-{nth}"));
+            let mut child = paused_child(&train_args(&s, &out), point, nth, &marker);
+            child.kill().unwrap(); // SIGKILL
+            child.wait().unwrap();
+            let o = resume(&out);
+            assert!(
+                o.status.success(),
+                "killed at {point}:{nth}, resume failed: {}",
+                text(&o.stderr)
+            );
+            assert_clean(&out);
+            let got = final_state(&out);
+            assert_eq!(got.1, want.1, "metrics after a kill at {point}:{nth}");
+            assert!(got.0 == want.0, "final state after a kill at {point}:{nth}");
+            cases += 1;
+        }
+    }
+    // and killed between steps, after the second checkpoint
+    let out = s.root.join("step-5");
+    let mut child = paused_child(&train_args(&s, &out), "step", 5, &marker);
+    child.kill().unwrap();
+    child.wait().unwrap();
+    assert!(resume(&out).status.success());
+    assert_eq!(final_state(&out), want);
+    assert_eq!(cases, 16);
+}
+
+fn signal(child: &Child, sig: i32) {
+    // SAFETY: kill(2) on the pid of a child this test spawned and has not reaped.
+    assert_eq!(unsafe { libc::kill(child.id() as i32, sig) }, 0);
+}
+
+#[test]
+fn sigterm_and_sigint_stop_after_the_step_with_a_checkpoint_and_say_how_to_resume() {
+    let s = setup();
+    let want = reference(&s);
+    let marker = s.root.join("marker");
+    let out = s.root.join("stopped");
+    // SIGTERM while step 3 is being finished (between evaluations): a checkpoint at step 3
+    let child = paused_child(&train_args(&s, &out), "step", 3, &marker);
+    signal(&child, libc::SIGTERM);
+    let o = child.wait_with_output().unwrap();
+    assert_eq!(o.status.code(), Some(130), "{}", text(&o.stderr));
+    let err = text(&o.stderr);
+    assert!(err.contains("stopped at step 3 of 6"), "{err}");
+    assert!(
+        err.contains(&format!(
+            "resume with: trainer train --resume {}",
+            out.display()
+        )),
+        "{err}"
+    );
+    assert_eq!(
+        fs::read_to_string(out.join("checkpoints/latest")).unwrap(),
+        "step-00000003"
+    );
+    // SIGINT (Ctrl-C) in the resumed run, at its second step (step 5)
+    let mut args = vec!["train".to_string(), "--resume".into()];
+    args.extend([out.to_str().unwrap().into(), "--quiet".into()]);
+    args.extend(["--threads".into(), "1".into()]);
+    let child = paused_child(&args, "step", 2, &marker);
+    signal(&child, libc::SIGINT);
+    let o = child.wait_with_output().unwrap();
+    assert_eq!(o.status.code(), Some(130), "{}", text(&o.stderr));
+    assert!(text(&o.stderr).contains("stopped at step 5 of 6"));
+    let o = resume(&out);
+    assert!(o.status.success(), "{}", text(&o.stderr));
+    assert_eq!(final_state(&out), want);
+    // resuming the finished run changes nothing
+    let summary = fs::read(out.join("summary.json")).unwrap();
+    let o = resume(&out);
+    assert!(o.status.success(), "{}", text(&o.stderr));
+    assert!(
+        text(&o.stdout).contains("already finished"),
+        "{}",
+        text(&o.stdout)
+    );
+    assert_eq!(fs::read(out.join("summary.json")).unwrap(), summary);
+}
+
+#[test]
+fn a_second_process_on_a_run_directory_is_refused_with_the_holder() {
+    let s = setup();
+    let marker = s.root.join("marker");
+    let out = s.root.join("locked");
+    let mut child = paused_child(&train_args(&s, &out), "step", 3, &marker);
+    let o = resume(&out);
+    let err = text(&o.stderr);
+    assert!(!o.status.success());
+    assert!(err.contains("is in use by another process"), "{err}");
+    assert!(err.contains(&format!("pid {}", child.id())), "{err}");
+    let mut again = trainer();
+    again.args(train_args(&s, &out)).arg("--overwrite");
+    let o = run(again);
+    assert!(text(&o.stderr).contains("in use by another process"));
+    child.kill().unwrap();
+    child.wait().unwrap();
+    // the lock died with its holder
+    let o = resume(&out);
+    assert!(o.status.success(), "{}", text(&o.stderr));
+}
+
+#[test]
+fn train_out_refuses_an_existing_run_unless_overwrite() {
+    let s = setup();
+    let out = s.root.join("run");
+    let mut c = trainer();
+    c.args(train_args(&s, &out));
+    assert!(run(c).status.success());
+    let before = final_state(&out);
+    let mut c = trainer();
+    c.args(train_args(&s, &out)).args(["--seed", "7"]);
+    let o = run(c);
+    let err = text(&o.stderr);
+    assert!(!o.status.success());
+    assert!(
+        err.contains("already holds a run") && err.contains("--overwrite"),
+        "{err}"
+    );
+    assert!(err.contains("trainer train --resume"), "{err}");
+    assert_eq!(final_state(&out), before, "the old run is untouched");
+    let mut c = trainer();
+    c.args(train_args(&s, &out))
+        .args(["--seed", "7", "--overwrite"]);
+    let o = run(c);
+    assert!(o.status.success(), "{}", text(&o.stderr));
+    let after = final_state(&out);
+    assert_ne!(after.0[0], before.0[0], "a new seed trained");
+    // the checkpoints are the new run's only
+    let steps: Vec<String> = fs::read_dir(out.join("checkpoints"))
+        .unwrap()
+        .filter_map(|e| e.ok()?.file_name().into_string().ok())
+        .filter(|n| n.starts_with("step-"))
+        .collect();
+    assert_eq!(steps, ["step-00000006"]);
+    let state = fs::read_to_string(out.join("checkpoints/step-00000006/state.json")).unwrap();
+    assert!(state.contains("\"seed\": 7"), "{state}");
+}
