@@ -294,7 +294,8 @@ NB_DEV u32 philox_byte(const uint4& w, int j) {
 
 // ------------------------------------------------------------------------------------------
 // 16-point random Hadamard transform (quant hadamard.rs `rht16`): signs, butterfly with strides
-// 1, 2, 4, 8 (sums first), times 0.25, round to BF16.
+// 1, 2, 4, 8 (sums first), + 0 (a -0 sum becomes +0, as from Transformer Engine's GEMM, whose
+// accumulator starts at +0), times 0.25, round to BF16.
 // ------------------------------------------------------------------------------------------
 
 template <int H>
@@ -316,7 +317,7 @@ NB_DEV void rht16(float (&v)[16], u32 mask) {
   butterfly_stage<4>(v);
   butterfly_stage<8>(v);
 #pragma unroll
-  for (int i = 0; i < 16; ++i) v[i] = round_bf16(__fmul_rn(v[i], 0.25f));
+  for (int i = 0; i < 16; ++i) v[i] = round_bf16(__fmul_rn(__fadd_rn(v[i], 0.0f), 0.25f));
 }
 
 // ------------------------------------------------------------------------------------------

@@ -115,8 +115,8 @@ extern "C" __global__ void __launch_bounds__(256) nb_mx_quantize(const MxArgs a)
     const int s = c0 + lc, b = r0 / 32 + gi / 2, h = gi & 1;
     float v[16];
     read_col16(smem, lc, gi, v);
-    // Only chunks of the tensor itself are transformed: quant pads after the transform, and the
-    // transform of a zero chunk can hold -0, which would encode with the sign bit.
+    // Only chunks of the tensor itself are transformed, as quant pads after the transform (a
+    // zero chunk transforms to +0 since rht16 turns -0 sums into +0, so this only saves work).
     if ((a.flags & MX_COL_RHT) && s < a.cols && r0 + 16 * gi < a.rows) rht16(v, a.rht_mask);
     u32 nan = 0u, m = 0u;
 #pragma unroll

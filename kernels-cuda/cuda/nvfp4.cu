@@ -112,8 +112,8 @@ extern "C" __global__ void __launch_bounds__(256) nb_nvfp4_quantize(const Nvfp4A
     const int s = c0 + lc, b = r0 / 16 + gi;
     float v[16];
     read_col16(smem, lc, gi, v);
-    // quant transforms only the stored rows that exist (16x16 tiles pad after the transform):
-    // transforming a zero padding row would turn some of its +0 into -0.
+    // quant transforms only the stored rows that exist (16x16 tiles pad after the transform); a
+    // zero padding row would transform to +0 anyway (rht16 turns -0 sums into +0).
     if (rht && s < a.cols) rht16(v, a.rht_mask);
     nvfp4_emit(v, g, tile, (a.flags & NVFP4_COL_SR) != 0, a.col_seed, a.col_stream,
                s < prows && 16 * b < pcols, (size_t)s, b, pcols / 16, a.col_codes, a.col_scales);

@@ -20,8 +20,8 @@ use std::sync::OnceLock;
 
 use common::{
     assert_same, data, for_each_case, fp8_current_cases, fp8_delayed, mx_cases, mx_prescaled,
-    nvfp4_cases, nvfp4_cast_transpose_cases, nvfp4_rht_cases, sweep, CT_COL_KEY, CT_ROW_KEY, KEY,
-    USAGES,
+    nvfp4_cases, nvfp4_cast_transpose_cases, nvfp4_rht_cases, rht_zero_sum_data, sweep, CT_COL_KEY,
+    CT_ROW_KEY, KEY, USAGES,
 };
 use fp_formats::mx::{MxElement, ScaleRule};
 use kernels_cuda::abi::{self, AmaxPass, Args, Dims, Fp8Args, MxArgs, Nvfp4Args, OutPtrs, Plan};
@@ -423,6 +423,44 @@ fn emulated_nvfp4_rht_matches_quant() {
         &[Usage::Columnwise],
         |x, rows, cols, usage, q, what| check(e, x, rows, cols, usage, q, KEY, what),
     );
+}
+
+/// RHT chunks with exact zero sums: the kernel's codes equal quant's, and a column of -0.0
+/// (stored row 0) quantizes to code 0x0 everywhere (+0, as Transformer Engine's GEMM-based
+/// transform gives), for NVFP4 and for MX with the RHT.
+#[test]
+fn emulated_rht_zero_sums_match_quant() {
+    let Some(e) = emu("emulated_rht_zero_sums_match_quant") else {
+        return;
+    };
+    let mut cases = nvfp4_rht_cases();
+    for element in [MxElement::E4M3, MxElement::E2M1] {
+        cases.push((
+            format!("mx RHT {element:?}"),
+            OperandQuant::mx(element, ScaleRule::Rceil).with_rht(Rht::FixedSigns),
+        ));
+    }
+    for &(rows, cols) in &[(48usize, 30usize), (32, 12)] {
+        let x = rht_zero_sum_data(rows, cols, 77);
+        for_each_case(
+            &cases,
+            &[Usage::Columnwise],
+            rows,
+            cols,
+            |usage, q, what| {
+                check(e, &x, rows, cols, usage, q, KEY, what);
+                let plan = plan_for(Dims { rows, cols }, usage, q, KEY, &mut QuantState::new());
+                let (_, c) = run_plan(e, &x, plan, None).expect("run");
+                let t = c.expect("columnwise");
+                // Stored row 0 = input column 0; NVFP4 packs two codes per byte, MX E2M1 too.
+                let row0 = &t.codes[..t.codes.len() / t.padded_rows];
+                assert!(
+                    row0.iter().all(|&b| b == 0),
+                    "{what}: -0 column gave {row0:02x?}"
+                );
+            },
+        );
+    }
 }
 
 #[test]

@@ -25,13 +25,23 @@
 //! 2. butterfly, 4 stages with strides `h = 1, 2, 4, 8` in that order; in each stage, for
 //!    every `j` with `j & h == 0`: `(v_j, v_{j+h}) <- (fl(v_j + v_{j+h}), fl(v_j - v_{j+h}))`
 //!    (f32, round to nearest even, no fused operations);
-//! 3. `v_i <- v_i * 0.25` (exact unless the result is subnormal);
+//! 3. `v_i <- fl(v_i + 0) * 0.25`: a zero sum becomes `+0` (see below), nothing else
+//!    changes; the product is exact unless it is subnormal;
 //! 4. round to BF16 (nearest even; [`fp_formats::round_to_bf16`]), held as f32.
 //!
 //! The result is `x · diag(s) · H16 / 4` up to the rounding of the butterfly sums and the
 //! final BF16 rounding (Transformer Engine computes the same product as a BF16 matmul with
 //! FP32 accumulation and a BF16 output; the two agree exactly whenever the sums are exact,
 //! e.g. for small-integer inputs, and otherwise may differ in the last BF16 bit).
+//!
+//! **Sign of zero.** A GEMM accumulator starts at `+0`, and `+0 + (-0) = +0`, so every exact
+//! zero of Transformer Engine's transform is `+0`. The butterfly alone can give `-0`: when
+//! all sixteen inputs of a chunk are `±0` (a column of `-0.0`, or tiny values that became
+//! zero when the tensor was rounded to BF16), or when a `-0` partial sum meets a `+0` one
+//! (`-0 - (+0) = -0`). Step 3 adds `+0`, which maps `-0` to `+0` and leaves every other
+//! value as it is, so those outputs quantize to E2M1 code 0x0 (not 0x8) as in Transformer
+//! Engine. A `-0` can still come out of step 4: a tiny negative sum that rounds to zero in
+//! BF16 keeps its sign there too.
 //!
 //! ```
 //! use quant::hadamard::{rht16, TE_SIGN_MASK};
@@ -121,8 +131,8 @@ pub fn matrix(mask: u16) -> [[f32; N]; N] {
     })
 }
 
-/// Steps 1-3 of the reference arithmetic (signs, butterfly with strides 1, 2, 4, 8, times
-/// 0.25), without the BF16 rounding.
+/// Steps 1-3 of the reference arithmetic (signs, butterfly with strides 1, 2, 4, 8, zero sums
+/// to `+0`, times 0.25), without the BF16 rounding.
 ///
 /// ```
 /// use quant::hadamard::{rht16_f32, TE_SIGN_MASK};
@@ -161,7 +171,8 @@ fn transform_lanes<const L: usize>(v: &mut [[f32; L]; N], mask: u16, round: bool
     butterfly_stage::<8, L>(v);
     for row in v.iter_mut() {
         for e in row.iter_mut() {
-            *e *= 0.25;
+            // `+ 0.0` turns a -0 sum into +0 (module docs, "Sign of zero").
+            *e = (*e + 0.0) * 0.25;
             if round {
                 *e = round_to_bf16(*e);
             }
@@ -199,14 +210,16 @@ pub fn rht16_columns(tile: &mut [[f32; N]; N], mask: u16) {
     transform_lanes(tile, mask, true);
 }
 
-/// The full reference transform of one chunk (steps 1-4: signs, butterfly, times 0.25,
-/// BF16 rounding).
+/// The full reference transform of one chunk (steps 1-4: signs, butterfly, zero sums to
+/// `+0`, times 0.25, BF16 rounding).
 ///
 /// ```
 /// use quant::hadamard::{rht16, TE_SIGN_MASK};
 /// let x: [f32; 16] = core::array::from_fn(|i| i as f32);
 /// let y = rht16(&x, TE_SIGN_MASK);
 /// assert_eq!(y[..4], [-14.5, -7.5, 6.5, -0.5]);
+/// // A chunk of -0.0 transforms to +0.0, as Transformer Engine's matmul gives.
+/// assert!(rht16(&[-0.0; 16], TE_SIGN_MASK).iter().all(|v| v.to_bits() == 0));
 /// ```
 #[inline(always)]
 pub fn rht16(x: &[f32; N], mask: u16) -> [f32; N] {

@@ -1350,6 +1350,128 @@ mod tests {
         }
     }
 
+    /// RHT chunks whose exact sums are zero quantize to code 0x0, as in Transformer Engine
+    /// (whose transform is a GEMM with an accumulator that starts at +0), on every path:
+    /// packed (AVX2 and baseline builds), fused fake quantization (both builds) and its
+    /// source-layout variant. Expected bytes derived by hand, column by column of `x`
+    /// (= stored row), 32 rows = two chunks:
+    /// * col 0, all -0.0, and col 1, mixed ±0: every output is an exact zero: codes 0x00,
+    ///   block scales 0 (a plain butterfly gives -0 in some places of both, checked below);
+    /// * col 2: after the signs, each chunk is `[-0 x 8, k, -k, +0 x 6]`, so output `j` is
+    ///   `k · (H16[8][j] - H16[9][j]) / 4`: zero for every even `j` (code 0 in the low
+    ///   nibble of every byte); at `j = 8` a plain butterfly computes `-0 - (+0) = -0`;
+    /// * col 3: `-2^-133` alone at the head of each chunk (sign +1): every output is
+    ///   `-2^-135`, which BF16 rounds to -0: a tiny negative sum, -0 in TE as well: codes
+    ///   0x88;
+    /// * cols 4-7: small integers, so that the tensor amax is ordinary.
+    #[test]
+    fn rht_zero_sums_quantize_to_code_zero() {
+        use crate::hadamard::{signs, TE_SIGN_MASK};
+        let (rows, cols) = (32, 8);
+        let s = signs(TE_SIGN_MASK);
+        let mut x = vec![0.0f32; rows * cols];
+        for r in 0..rows {
+            let i = r % 16;
+            let k = if r < 16 { 2.0 } else { 1.0 };
+            x[r * cols] = -0.0;
+            x[r * cols + 1] = if r % 3 == 0 { -0.0 } else { 0.0 };
+            x[r * cols + 2] = match i {
+                0..=7 => -0.0 * s[i],
+                8 => k * s[i],
+                9 => -k * s[i],
+                _ => 0.0 * s[i],
+            };
+            x[r * cols + 3] = if i == 0 {
+                -f32::from_bits(0x0001_0000)
+            } else {
+                0.0
+            };
+            for c in 4..cols {
+                x[r * cols + c] = ((r * 7 + c * 3) % 9) as f32 - 4.0;
+            }
+        }
+        // Without the `+ 0` of crate::hadamard the transform has -0 zeros in cols 0-2.
+        let plain = |c: usize, g: usize| -> [f32; 16] {
+            let mut v: [f32; 16] = core::array::from_fn(|i| x[(16 * g + i) * cols + c] * s[i]);
+            for h in [1, 2, 4, 8] {
+                for j in (0..16).filter(|j| j & h == 0) {
+                    let (a, b) = (v[j], v[j + h]);
+                    (v[j], v[j + h]) = (a + b, a - b);
+                }
+            }
+            v
+        };
+        for c in 0..3 {
+            let neg = (0..2)
+                .flat_map(|g| plain(c, g))
+                .filter(|v| v.to_bits() == 0x8000_0000);
+            assert!(neg.count() > 0, "col {c} has no -0 sum to fix");
+        }
+
+        let key = RngKey { seed: 5, stream: 6 };
+        let nv = OperandQuant::nvfp4().with_rht(Rht::FixedSigns);
+        for q in [
+            nv,
+            nv.with_rounding(RoundingMode::Stochastic),
+            nv.with_block(BlockShape::Tile16),
+        ] {
+            let want_value = |c: usize, e: usize| -> Option<u32> {
+                match c {
+                    0 | 1 => Some(0),
+                    2 if e % 2 == 0 => Some(0),
+                    3 => Some(0x8000_0000),
+                    _ => None,
+                }
+            };
+            for portable in [false, true] {
+                let ctx = format!("{q:?} portable={portable}");
+                let t =
+                    quantize_impl(&x, rows, cols, Usage::Columnwise, &q, key, portable).unwrap();
+                assert_eq!((t.rows, t.cols, t.padded_cols), (cols, rows, rows), "{ctx}");
+                for c in 0..4 {
+                    let codes = &t.codes[c * rows / 2..][..rows / 2];
+                    let want: &[u8] = match c {
+                        0 | 1 => &[0x00; 16],
+                        3 => &[0x88; 16],
+                        _ => &[],
+                    };
+                    if c == 2 {
+                        assert!(
+                            codes.iter().all(|b| b & 0xF == 0),
+                            "{ctx}: col 2 {codes:02x?}"
+                        );
+                    } else {
+                        assert_eq!(codes, want, "{ctx}: col {c}");
+                    }
+                    if q.block == BlockShape::Row16 && c != 2 {
+                        assert_eq!(t.scales[c * 2..c * 2 + 2], [0, 0], "{ctx}: col {c} scales");
+                    }
+                }
+                let plan = Plan {
+                    portable,
+                    ..Plan::new(&x, rows, cols, Usage::Columnwise, &q, key).unwrap()
+                };
+                let mut stored = vec![f32::NAN; x.len()];
+                fast::fake_quantize(&x, &plan, &mut stored)
+                    .unwrap()
+                    .unwrap();
+                let mut src = vec![f32::NAN; x.len()];
+                fast::fake_quantize_columnwise_source_layout(&x, &plan, &mut src)
+                    .unwrap()
+                    .unwrap();
+                for c in 0..4 {
+                    for e in 0..rows {
+                        if let Some(w) = want_value(c, e) {
+                            let (a, b) = (stored[c * rows + e], src[e * cols + c]);
+                            assert_eq!(a.to_bits(), w, "{ctx}: fused ({c}, {e}) = {a:e}");
+                            assert_eq!(b.to_bits(), w, "{ctx}: source layout ({c}, {e}) = {b:e}");
+                        }
+                    }
+                }
+            }
+        }
+    }
+
     #[test]
     fn row_amax_is_block_amax() {
         let mut s = 0x1234_5678_9abc_def1u64;

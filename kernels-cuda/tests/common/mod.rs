@@ -51,6 +51,44 @@ pub fn data(rows: usize, cols: usize, seed: u64) -> Vec<f32> {
     x
 }
 
+/// Columnwise-RHT inputs (`rows` a multiple of 16) whose transform has exact zero sums, which
+/// must come out +0 (E2M1 code 0x0, as in Transformer Engine) on every path. Column `c % 6`
+/// of each 16-row chunk: 0 all `-0.0`; 1 mixed `±0`; 2 after the fixed signs
+/// `[-0 x 8, k, -k, +0 x 6]` (even outputs are exact zeros; a plain butterfly makes one of
+/// them `-0 - (+0) = -0`); 3 one `±2^-133` among zeros (every output a tiny sum that BF16
+/// rounds to a zero of the same sign); 4-5 Gaussian data. Column 0 of every chunk is all
+/// `-0.0`.
+pub fn rht_zero_sum_data(rows: usize, cols: usize, seed: u64) -> Vec<f32> {
+    assert_eq!(rows % 16, 0);
+    let s = quant::hadamard::signs(quant::hadamard::TE_SIGN_MASK);
+    let mut r = Rng(seed);
+    let mut x = vec![0.0f32; rows * cols];
+    for g in 0..rows / 16 {
+        for c in 0..cols {
+            let k = (1 + r.next() % 3) as f32;
+            let one = (r.next() % 16) as usize;
+            let neg = r.next() % 2 == 1;
+            for i in 0..16 {
+                x[(16 * g + i) * cols + c] = match c % 6 {
+                    0 => -0.0,
+                    1 if r.next() % 2 == 1 => -0.0,
+                    1 => 0.0,
+                    2 => match i {
+                        0..=7 => -0.0 * s[i],
+                        8 => k * s[i],
+                        9 => -k * s[i],
+                        _ => 0.0 * s[i],
+                    },
+                    3 if i == one => f32::from_bits(0x0001_0000 | (neg as u32) << 31),
+                    3 => 0.0,
+                    _ => r.normal(),
+                };
+            }
+        }
+    }
+    x
+}
+
 pub const KEY: RngKey = RngKey {
     seed: 0x0123_4567_89AB_CDEF,
     stream: 0xFEED_0000_0042,

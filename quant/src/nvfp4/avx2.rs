@@ -75,7 +75,7 @@ pub(super) unsafe fn transpose_store(t: &Tile, dst: &mut [f32], ld: usize) {
 
 /// The 16-point Hadamard transform of 16 rows x 8 lanes held in registers, with the
 /// reference arithmetic of `crate::hadamard` (sign flips, butterfly with strides 1, 2, 4, 8,
-/// times 0.25, BF16 rounding), lane by lane.
+/// zero sums to +0, times 0.25, BF16 rounding), lane by lane.
 struct Rht8 {
     /// Row `i` is negated iff bit `i` of the mask is set: `-0.0` or `+0.0` to XOR with.
     flips: [__m256; BLOCK],
@@ -134,8 +134,10 @@ impl Rht8 {
         stage!(2);
         stage!(4);
         stage!(8);
+        let zero = _mm256_setzero_ps();
         for e in v.iter_mut() {
-            let y = _mm256_mul_ps(*e, self.quarter);
+            // `+ 0.0` turns a -0 sum into +0 (`crate::hadamard`, "Sign of zero").
+            let y = _mm256_mul_ps(_mm256_add_ps(*e, zero), self.quarter);
             *bad = _mm256_or_ps(*bad, _mm256_cmp_ps::<_CMP_UNORD_Q>(y, y));
             let b = _mm256_castps_si256(y);
             let lsb = _mm256_and_si256(_mm256_srli_epi32::<16>(b), self.one);
@@ -196,7 +198,8 @@ impl Amax8 {
 /// input columns `col0 .. col0 + n` (`n` a multiple of 16). For the tile at input column
 /// `col0 + c`, `t[i][j] = x[(r0 + i) * ld + col0 + c + j]` is Hadamard-transformed along `i`
 /// when `mask` is set (the reference arithmetic of `crate::hadamard`: sign flips, butterfly
-/// with strides 1, 2, 4, 8, times 0.25, BF16 rounding; the rounding skips the NaN case, which
+/// with strides 1, 2, 4, 8, zero sums to +0, times 0.25, BF16 rounding; the rounding skips
+/// the NaN case, which
 /// the returned flag reports), and its transpose is stored at
 /// `dst[(c + j) * ld_dst + r0 + i]`. Returns the amax of the stored values and whether any
 /// of them (or of the transformed values before rounding) is non-finite.
