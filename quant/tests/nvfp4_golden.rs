@@ -8,12 +8,16 @@ use quant::{
     RoundingMode, Usage,
 };
 
-const FILES: [(&str, &[u8]); 5] = [
+const FILES: [(&str, &[u8]); 6] = [
     ("nvfp4_row16.bin", include_bytes!("data/nvfp4_row16.bin")),
     ("nvfp4_tile16.bin", include_bytes!("data/nvfp4_tile16.bin")),
     ("nvfp4_rht.bin", include_bytes!("data/nvfp4_rht.bin")),
     ("nvfp4_4over6.bin", include_bytes!("data/nvfp4_4over6.bin")),
     ("nvfp4_sr.bin", include_bytes!("data/nvfp4_sr.bin")),
+    (
+        "nvfp4_rht_zero.bin",
+        include_bytes!("data/nvfp4_rht_zero.bin"),
+    ),
 ];
 
 struct Reader<'a> {
@@ -196,7 +200,7 @@ fn golden_files_match() {
             n += 1;
         }
     }
-    assert_eq!(n, 24, "number of golden cases");
+    assert_eq!(n, 28, "number of golden cases");
 }
 
 /// The golden inputs exercise what they claim to: flushed blocks, subnormal scales,
@@ -253,5 +257,60 @@ fn golden_coverage() {
     assert!(
         map4 > 10 && map6 > 10,
         "Four Over Six picks: map-to-4 {map4}, map-to-6 {map6}"
+    );
+}
+
+/// The RHT zero-sum cases (`nvfp4_rht_zero.bin`) test the sign of zero: somewhere a plain
+/// butterfly (signs, strides 1, 2, 4, 8, times 0.25, BF16, written out here without the
+/// `+ 0` of `quant::hadamard`) gives -0 where Transformer Engine's product, whose accumulator
+/// starts at +0, gives +0, and the golden code there is 0x0; elsewhere a tiny negative sum
+/// rounds to a BF16 -0, which TE keeps too (code 0x8).
+#[test]
+fn golden_rht_zero_sums_are_plus_zero() {
+    fn plain_butterfly(x: [f32; 16]) -> [f32; 16] {
+        let mut v: [f32; 16] = core::array::from_fn(|i| {
+            if quant::hadamard::TE_SIGN_MASK >> i & 1 == 1 {
+                -x[i]
+            } else {
+                x[i]
+            }
+        });
+        for h in [1, 2, 4, 8] {
+            for j in (0..16).filter(|j| j & h == 0) {
+                let (a, b) = (v[j], v[j + h]);
+                v[j] = a + b;
+                v[j + h] = a - b;
+            }
+        }
+        v.map(|e| fp_formats::round_to_bf16(e * 0.25))
+    }
+    let cases = parse(FILES[5].1);
+    let (mut fixed, mut kept_negative) = (0, 0);
+    for c in cases
+        .iter()
+        .filter(|c| c.q.rounding == RoundingMode::NearestEven)
+    {
+        assert_eq!((c.usage, c.q.rht), (Usage::Columnwise, Rht::FixedSigns));
+        for col in 0..c.cols {
+            for g in 0..c.rows / 16 {
+                let y = plain_butterfly(core::array::from_fn(|i| c.x[(16 * g + i) * c.cols + col]));
+                for (j, v) in y.iter().enumerate() {
+                    let e = col * c.padded.1 + 16 * g + j;
+                    let code = c.codes[e / 2] >> (4 * (e % 2)) & 0xF;
+                    if v.to_bits() == 0x8000_0000 && code == 0x0 {
+                        // Not a tiny negative: the exact sum is zero.
+                        fixed += 1;
+                    }
+                    if v.to_bits() == 0x8000_0000 && code == 0x8 {
+                        kept_negative += 1;
+                    }
+                }
+            }
+        }
+    }
+    assert!(fixed >= 50, "-0 sums that must quantize to code 0: {fixed}");
+    assert!(
+        kept_negative >= 50,
+        "tiny negative sums kept as -0: {kept_negative}"
     );
 }

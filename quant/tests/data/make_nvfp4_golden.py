@@ -194,16 +194,35 @@ def rht_matmul(t, mask):
     return out.astype(BF16).astype(F32).reshape(t.shape)
 
 
-def rht_butterfly(t, mask):
+def rht_butterfly(t, mask, zero_to_plus=True):
     """The documented reference order (quant::hadamard): negate, butterfly with strides
-    1, 2, 4, 8, times 0.25, round to BF16 - all in float32."""
+    1, 2, 4, 8, + 0 (a -0 sum becomes +0, as from the matmul, whose accumulator starts at
+    +0), times 0.25, round to BF16 - all in float32. `zero_to_plus=False` skips the + 0 (the
+    arithmetic before the sign-of-zero fix; used only to show what the zero cases test)."""
     v = t.reshape(-1, 16).astype(F32) * signs(mask)
     for h in (1, 2, 4, 8):
         v = v.reshape(-1, 16 // (2 * h), 2, h)
         a, b = v[:, :, 0, :], v[:, :, 1, :]
         v = np.stack([a + b, a - b], axis=2).reshape(-1, 16)
+    if zero_to_plus:
+        v = v + F32(0.0)
     v = v * F32(0.25)
     return v.astype(BF16).astype(F32).reshape(t.shape)
+
+
+def rht_accumulate(t, mask):
+    """TE's product written out: for each output, an f32 accumulator that starts at +0 and
+    adds x_i * h_ij in order i = 0..15, then a BF16 result. Equal to the matmul form whenever
+    the sums are exact (the zero cases), whatever order the BLAS uses."""
+    h = np.ones((1, 1), F32)
+    while h.shape[0] < 16:
+        h = np.block([[h, h], [h, -h]])
+    h = (np.diag(signs(mask)) @ h).astype(F32) * F32(0.25)
+    x = t.reshape(-1, 16).astype(F32)
+    acc = np.zeros(x.shape, F32)
+    for i in range(16):
+        acc = acc + x[:, i : i + 1] * h[i][None, :]
+    return acc.astype(BF16).astype(F32).reshape(t.shape)
 
 
 # ----------------------------------------------------------------------------------------
@@ -341,6 +360,54 @@ def small_ints(rng, m, n):
     return rng.integers(-8, 9, size=(m, n)).astype(F32)
 
 
+BF16_MIN_SUB = F32(2.0**-133)  # smallest positive BF16 subnormal
+
+
+def zero_sum_columns(rng, m, n):
+    """Columnwise-RHT inputs whose transform has exact zero sums (m a multiple of 16, n >= 16).
+    Small integers elsewhere, so every sum is exact and the matmul form is TE's to the bit.
+    Per column c (the stored row the transform runs along), chunk by chunk of 16 rows:
+      c % 8 == 0: all -0.0;            1: random signs of zero;
+           2: -0.0 and tiny f32 values (+-1e-42, +-1e-45) that become +-0 in BF16;
+           3: after the signs [-0 x 8, k, -k, +0 x 6]: the even outputs are exact zeros, and
+              at output 8 a -0 half-sum meets a +0 one (-0 - (+0) = -0 in a plain butterfly);
+           4: one +-2^-133 (BF16 subnormal) among zeros: the transform +-2^-135 rounds to a
+              BF16 zero that keeps its sign (-0 in TE too);
+           5: the transform's zero-sum pattern: x = s_i * (H16 row k), which maps to 4 * e_k
+              times 0.25, i.e. one nonzero output and fifteen exact (cancelled) zeros;
+         6-7: small integers (ordinary data).
+    The first chunk of column 0 stays all -0.0 in every case."""
+    x = rng.integers(-4, 5, size=(m, n)).astype(F32)
+    hrow = np.ones((1, 1), F32)
+    while hrow.shape[0] < 16:
+        hrow = np.block([[hrow, hrow], [hrow, -hrow]])
+    s = signs(TE_SIGN_MASK)
+    for c in range(n):
+        for g in range(m // 16):
+            r = slice(16 * g, 16 * g + 16)
+            kind = c % 8
+            if kind == 0:
+                x[r, c] = -0.0
+            elif kind == 1:
+                x[r, c] = np.where(rng.integers(0, 2, 16) == 1, F32(-0.0), F32(0.0))
+            elif kind == 2:
+                tiny = rng.choice(np.array([-1e-42, 1e-42, -1e-45, 1e-45, -0.0], F32), 16)
+                x[r, c] = tiny
+            elif kind == 3:
+                k = int(rng.integers(1, 4))
+                v = np.concatenate([np.full(8, -0.0, F32), np.zeros(8, F32)])
+                v[8], v[9] = F32(k), F32(-k)
+                x[r, c] = v * s  # the transform's signs cancel
+            elif kind == 4:
+                z = np.where(rng.integers(0, 2, 16) == 1, F32(-0.0), F32(0.0))
+                z[int(rng.integers(0, 16))] = BF16_MIN_SUB * (1 if rng.integers(0, 2) else -1)
+                x[r, c] = z
+            elif kind == 5:
+                k = int(rng.integers(0, 16))
+                x[r, c] = hrow[k] * s * F32(rng.integers(1, 3))
+    return x.astype(BF16).astype(F32)
+
+
 # (name, input, usage, tile_y, rht, fos, sr)
 #   usage: 0 rowwise, 1 columnwise; rht: None | "matmul" | "butterfly";
 #   fos: None | (mse, bound_256); sr: None | (seed, stream)
@@ -382,7 +449,22 @@ def cases():
             ("sr_row_pad_24x40", nm(24, 40), 0, 1, None, None, (0x1234_5678_9ABC_DEF0, 7)),
             ("sr_rht_col_32x40", nm(32, 40), 1, 1, "butterfly", None, (3, 0xFFFF_FFFF_0000_0005)),
         ],
+        # Exact zero sums in the RHT come out +0 (TE's accumulator starts at +0). A separate
+        # rng so the other files' inputs do not move.
+        "nvfp4_rht_zero.bin": zero_cases(),
     }
+
+
+def zero_cases():
+    rng = np.random.default_rng(20261201)
+    z = zero_sum_columns(rng, 48, 40)
+    signed_zeros = np.where(rng.integers(0, 2, (32, 24)) == 1, F32(-0.0), F32(0.0))
+    return [
+        ("rhtz_col_48x40", z, 1, 1, "matmul", None, None),
+        ("rhtz_tile_48x40", None, 1, 16, "matmul", None, None),
+        ("rhtz_sr_48x40", None, 1, 1, "matmul", None, (0xC0FFEE, 9)),
+        ("rhtz_all_zero_32x24", signed_zeros, 1, 1, "matmul", None, None),
+    ]
 
 
 def encode_case(name, x, usage, tile_y, rht, fos, sr):
@@ -431,6 +513,17 @@ def self_checks():
     want = [-14.5, -7.5, 6.5, -0.5, 6.5, -0.5, -14.5, 8.5, 7.5, 14.5, 0.5, 1.5, 0.5, -2.5, 9.5, -15.5]
     assert list(rht_matmul(v, TE_SIGN_MASK)[0]) == want
     assert list(rht_butterfly(v, TE_SIGN_MASK)[0]) == want
+    # Sign of zero: a chunk of -0.0 transforms to +0 (the accumulator starts at +0) ...
+    v = np.full((1, 16), -0.0, F32)
+    for f in (rht_matmul, rht_butterfly, rht_accumulate):
+        assert (f(v, TE_SIGN_MASK).view(np.uint32) == 0).all(), f.__name__
+    assert (rht_butterfly(v, TE_SIGN_MASK, zero_to_plus=False).view(np.uint32) == 0x80000000).any()
+    # ... and a tiny negative sum keeps its sign through the BF16 rounding.
+    # (x_0 = -2^-133, s_0 = +1 and row 0 of H16 is all ones: every output is -2^-135.)
+    v = np.zeros((1, 16), F32)
+    v[0, 0] = -BF16_MIN_SUB
+    for f in (rht_matmul, rht_butterfly, rht_accumulate):
+        assert (f(v, TE_SIGN_MASK).view(np.uint32) == 0x80000000).all(), f.__name__
 
 
 def main():
@@ -450,11 +543,23 @@ def main():
                 t = np.ascontiguousarray(x.T)
                 a = rht_matmul(t, TE_SIGN_MASK)
                 b = rht_butterfly(t, TE_SIGN_MASK)
+                c = rht_accumulate(t, TE_SIGN_MASK)
                 assert (a.view(np.uint32) == b.view(np.uint32)).all(), "matmul != butterfly"
+                assert (a.view(np.uint32) == c.view(np.uint32)).all(), "matmul != accumulate"
+                if fname == "nvfp4_rht_zero.bin":
+                    old = rht_butterfly(t, TE_SIGN_MASK, zero_to_plus=False)
+                    fixed = int(((old.view(np.uint32) == 0x80000000) & (a.view(np.uint32) == 0)).sum())
+                    neg = int((a.view(np.uint32) == 0x80000000).sum())
+                    assert fixed > 0, name
+                    stats.append(
+                        f"{name}: {fixed} of {t.size} transformed values are +0 where a plain "
+                        f"butterfly gives -0; {neg} are -0 (tiny negative sums)"
+                    )
             elif rht == "butterfly":
                 t = np.ascontiguousarray(x.T)
-                diff = int((rht_matmul(t, TE_SIGN_MASK) != rht_butterfly(t, TE_SIGN_MASK)).sum())
-                stats.append(f"{name}: matmul and butterfly BF16 results differ in {diff} of {t.size}")
+                a = rht_matmul(t, TE_SIGN_MASK).view(np.uint32)
+                diff = int((a != rht_butterfly(t, TE_SIGN_MASK).view(np.uint32)).sum())
+                stats.append(f"{name}: matmul and butterfly BF16 results differ in {diff} of {t.size} (bits)")
             blob += encode_case(name, x, usage, tile_y, rht, fos, sr)
         path = OUT_DIR / fname
         if check:
