@@ -14,8 +14,8 @@ use std::time::Instant;
 
 use common::{
     assert_same, data, for_each_case, fp8_current_cases, fp8_delayed, mx_cases, mx_prescaled,
-    nvfp4_cases, nvfp4_cast_transpose_cases, nvfp4_rht_cases, sweep, CT_COL_KEY, CT_ROW_KEY, KEY,
-    USAGES,
+    nvfp4_cases, nvfp4_cast_transpose_cases, nvfp4_rht_cases, rht_zero_sum_data, sweep, CT_COL_KEY,
+    CT_ROW_KEY, KEY, USAGES,
 };
 use cudarc::driver::CudaSlice;
 use fp_formats::mx::{MxElement, ScaleRule};
@@ -231,6 +231,51 @@ fn nvfp4_columnwise_rht_matches_quant() {
             &q,
             key2,
             &format!("nvfp4 RHT other key {rows}x{cols}"),
+        );
+    }
+}
+
+/// RHT chunks with exact zero sums (`common::rht_zero_sum_data`): byte for byte with quant,
+/// and a column of -0.0 (stored row 0) quantizes to code 0x0 everywhere, for NVFP4 and MX.
+#[test]
+fn rht_zero_sums_match_quant() {
+    let Some((g, _checks)) = gpu("rht_zero_sums_match_quant") else {
+        return;
+    };
+    let mut cases = nvfp4_rht_cases();
+    for element in [MxElement::E4M3, MxElement::E2M1] {
+        cases.push((
+            format!("mx RHT {element:?}"),
+            OperandQuant::mx(element, ScaleRule::Rceil).with_rht(Rht::FixedSigns),
+        ));
+    }
+    for &(rows, cols) in &[(1024usize, 1000usize), (48, 30)] {
+        let x = rht_zero_sum_data(rows, cols, 78);
+        for_each_case(
+            &cases,
+            &[Usage::Columnwise],
+            rows,
+            cols,
+            |usage, q, what| {
+                check_one(g, &x, rows, cols, usage, q, KEY, what);
+                soft(what, || {
+                    let t = g
+                        .quantize(
+                            &upload(g, &x, rows, cols),
+                            usage,
+                            q,
+                            KEY,
+                            &mut QuantState::new(),
+                        )
+                        .unwrap_or_else(|e| panic!("{what}: {e}"));
+                    let host = t.to_host().expect("download");
+                    let row0 = &host.codes[..host.codes.len() / host.padded_rows];
+                    assert!(
+                        row0.iter().all(|&b| b == 0),
+                        "{what}: -0 column gave {row0:02x?}"
+                    );
+                });
+            },
         );
     }
 }
