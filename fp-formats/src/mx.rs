@@ -32,7 +32,9 @@ pub enum ScaleRule {
     /// max times `2^e` are clipped.
     Floor,
     /// NVIDIA / cuBLAS / TE "round up": `e = ceil(log2(fl(amax * fl(1 / max_elem))))`,
-    /// computed on the bits (hardware `cvt.rp.satfinite.ue8m0x2.f32`). Never clips.
+    /// computed on the bits (hardware `cvt.rp.satfinite.ue8m0x2.f32`). Never clips, except
+    /// within a factor `max_elem` of f32's maximum, where every rule's scale is capped at
+    /// [`max_scale`] (see [`ScaleRule::scale`]).
     #[default]
     Rceil,
     /// `e = ceil(log2(amax)) - emax_elem` (torchao CEIL).
@@ -46,7 +48,10 @@ impl ScaleRule {
     /// The block scale for an element format `F` and a block amax.
     ///
     /// A NaN or infinite amax gives the NaN scale `0xFF`. An all-zero block gets the
-    /// smallest scale `2^-127` under every rule.
+    /// smallest scale `2^-127` under every rule. Every rule's scale is capped at
+    /// [`max_scale`]`::<F>()`, the largest whose product with the largest element is finite
+    /// in f32: a block whose amax is near f32's maximum is then clipped to the largest finite
+    /// value of the grid instead of dequantizing to infinity.
     ///
     /// ```
     /// use fp_formats::{mx::ScaleRule, E2M1, E4M3};
@@ -60,7 +65,7 @@ impl ScaleRule {
             return E8M0::NAN;
         }
         let amax = amax.abs();
-        match self {
+        let s = match self {
             ScaleRule::Rceil => {
                 let d = amax * (1.0 / F::MAX);
                 rceil_e8m0(d)
@@ -77,8 +82,23 @@ impl ScaleRule {
                 let e = (bits >> 23) as i32 - 127 + ((bits & 0x7F_FFFF) != 0) as i32;
                 E8M0::from_exponent_clamped(e - F::EMAX)
             }
-        }
+        };
+        E8M0(s.0.min(max_scale::<F>().0))
     }
+}
+
+/// The largest E8M0 scale usable with element format `F`: `2^(127 - EMAX)`, so that
+/// `F::MAX * scale < 2^128` stays finite in f32 (`F::MAX < 2^(EMAX + 1)`).
+///
+/// ```
+/// use fp_formats::{mx::max_scale, E2M1, E4M3};
+/// assert_eq!(max_scale::<E4M3>().exponent(), Some(119));
+/// assert!((448.0 * max_scale::<E4M3>().value()).is_finite());
+/// assert_eq!(max_scale::<E2M1>().exponent(), Some(125));
+/// ```
+#[inline]
+pub const fn max_scale<F: ElementFormat>() -> E8M0 {
+    E8M0((254 - F::EMAX) as u8)
 }
 
 #[inline]

@@ -221,3 +221,71 @@ fn e4m3_block_scale_uses_the_fast_path_consistently() {
         assert_eq!(E4M3::encode_rne_sat(x), E4M3::from_f32_rne_sat(x).0);
     }
 }
+
+/// Issue #13: a finite block amax near f32's maximum gave (RCEIL) a scale whose product
+/// with the largest element code overflowed to +inf. Every rule and element format now
+/// dequantizes such blocks to finite values (the scale is capped at `mx::max_scale`, the
+/// elements saturate), on the scalar path (one block) and the vector path (8 blocks).
+#[test]
+fn mx_blocks_near_f32_max_dequantize_to_finite_values() {
+    use fp_formats::mx::{max_scale, quantize, MxElement, MxOptions};
+    use fp_formats::{E2M3, E3M2, E5M2};
+    let big = [
+        f32::MAX,
+        -f32::MAX,
+        3.0e38,
+        1.0e38,
+        2.5e38,
+        -3.3e38,
+        1.0,
+        0.0,
+    ];
+    for cols in [32usize, 256] {
+        let x: Vec<f32> = (0..cols).map(|i| big[i % big.len()]).collect();
+        for element in [
+            MxElement::E4M3,
+            MxElement::E5M2,
+            MxElement::E2M3,
+            MxElement::E3M2,
+            MxElement::E2M1,
+        ] {
+            for rule in [
+                ScaleRule::Rceil,
+                ScaleRule::Floor,
+                ScaleRule::Ceil,
+                ScaleRule::Even,
+            ] {
+                let q = quantize(&x, 1, cols, MxOptions::new(element, rule)).unwrap();
+                let d = q.dequantize();
+                for (i, (&v, &w)) in x.iter().zip(&d).enumerate() {
+                    assert!(
+                        w.is_finite(),
+                        "{element:?} {rule:?} cols {cols}: {v} -> {w} at {i}"
+                    );
+                    assert!(
+                        w == 0.0 || w.signum() == v.signum(),
+                        "{element:?} {rule:?}: {v} -> {w}"
+                    );
+                }
+                // the largest magnitude keeps at least half its value (saturated, not lost)
+                assert!(d[0] >= f32::MAX / 2.0, "{element:?} {rule:?}: {}", d[0]);
+            }
+        }
+    }
+    for (s, e) in [
+        (max_scale::<E4M3>(), 119),
+        (max_scale::<E5M2>(), 112),
+        (max_scale::<E2M3>(), 125),
+        (max_scale::<E3M2>(), 123),
+        (max_scale::<E2M1>(), 125),
+    ] {
+        assert_eq!(s.exponent(), Some(e));
+    }
+    assert!((57344.0 * max_scale::<E5M2>().value()).is_finite());
+    assert!((28.0 * max_scale::<E3M2>().value()).is_finite());
+    assert!((7.5 * max_scale::<E2M3>().value()).is_finite());
+    assert_eq!(
+        ScaleRule::Rceil.scale::<E4M3>(f32::MAX),
+        max_scale::<E4M3>()
+    );
+}

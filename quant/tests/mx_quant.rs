@@ -405,3 +405,56 @@ fn typed_errors() {
     let t = mx::quantize(&[], 0, 32, Usage::Rowwise, &q, key).unwrap();
     assert!(t.codes.is_empty() && t.dequantize().is_empty());
 }
+
+/// Issue #13: MX quantization of finite values near f32's maximum reported an RMSE of
+/// `inf` (the RCEIL scale times the largest element code overflowed). Every element format
+/// and rule, rowwise and columnwise, now gives finite values and a finite error.
+#[test]
+fn values_near_f32_max_give_finite_fake_quantization_and_error() {
+    let x: Vec<f32> = (0..64 * 64)
+        .map(|i| {
+            let v = [f32::MAX, 3.3e38, 2.9e38, 1.0, 1e38][i % 5];
+            if i % 3 == 0 {
+                -v
+            } else {
+                v
+            }
+        })
+        .collect();
+    for element in [
+        MxElement::E4M3,
+        MxElement::E5M2,
+        MxElement::E2M3,
+        MxElement::E3M2,
+        MxElement::E2M1,
+    ] {
+        for rule in [
+            ScaleRule::Rceil,
+            ScaleRule::Floor,
+            ScaleRule::Ceil,
+            ScaleRule::Even,
+        ] {
+            for usage in [Usage::Rowwise, Usage::Columnwise] {
+                let q = OperandQuant::mx(element, rule);
+                let mut st = QuantState::new();
+                let y =
+                    fake::fake_quantize(&x, 64, 64, usage, &q, RngKey::default(), &mut st).unwrap();
+                assert!(
+                    y.iter().all(|v| v.is_finite()),
+                    "{element:?} {rule:?} {usage:?}"
+                );
+                let e = stats::operand_error(
+                    &x,
+                    64,
+                    64,
+                    usage,
+                    &q,
+                    RngKey::default(),
+                    &mut QuantState::new(),
+                )
+                .unwrap();
+                assert!(e.rmse.is_finite(), "{element:?} {rule:?} {usage:?}: {e:?}");
+            }
+        }
+    }
+}

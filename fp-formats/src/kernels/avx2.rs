@@ -420,7 +420,8 @@ unsafe fn rceil8<F: ElementFormat>(amax: __m256) -> (__m256i, __m256) {
     );
     let sub = _mm256_sub_epi32(zero, _mm256_cmpgt_epi32(man, splat_u(0x40_0000)));
     let b = _mm256_blendv_epi8(normal, sub, _mm256_cmpeq_epi32(exp, zero));
-    let b = _mm256_min_epu32(b, splat_u(0xFE));
+    // at most mx::max_scale::<F>() (<= 0xFE): F::MAX times the scale stays finite
+    let b = _mm256_min_epu32(b, splat_u(crate::mx::max_scale::<F>().0 as u32));
     // reciprocal: 2^(127 - (b - 127)) = code 254 - b; code 0 is the f32 subnormal 2^-127.
     let c = _mm256_sub_epi32(splat_u(254), b);
     let inv = _mm256_blendv_epi8(
