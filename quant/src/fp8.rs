@@ -25,7 +25,7 @@
 //! baseline and AVX2) that rounds `fl(x · scale)` onto the FP8 grid in the f32 domain with
 //! the element rounding the MX kernels use (`crate::grid`) and writes the FP8 value (or the
 //! code) directly, bit for bit what the encoder and decoder give, NaN and saturation
-//! included (tested against the previous encode + decode path on whole tensors, both
+//! included (tested against the encoder path - encode, then decode - on whole tensors, both
 //! scalings, over several delayed-scaling steps). Current scaling takes two passes (the
 //! amax, then the cast); delayed scaling one (the cast uses the previous step's scale and
 //! takes the amax on the way).

@@ -1,4 +1,4 @@
-//! The fused FP8 cast ([`super::fast`]) against the path it replaced (scale into a buffer,
+//! The fused FP8 cast ([`super::fast`]) against the encoder path (scale into a buffer,
 //! encode with fp-formats' encoders, decode the codes), bit for bit: values, codes, the
 //! per-tensor factor, the clipped count and the [`QuantState`] afterwards, for E4M3 and
 //! E5M2, current (with and without power-of-two scales) and delayed scaling over several
@@ -11,11 +11,11 @@ use super::*;
 use fp_formats::{Overflow, Rounding};
 
 // ---------------------------------------------------------------------------------------
-// The previous implementation (the reference), unchanged but for the names.
+// The encoder path (the reference): scale into a buffer, fp-formats' encoders, decode.
 // ---------------------------------------------------------------------------------------
 
 /// Picks the scale (current or delayed) and records the amax.
-fn old_prepare(
+fn encoder_prepare(
     x: &[f32],
     rows: usize,
     cols: usize,
@@ -43,7 +43,7 @@ fn old_prepare(
     Ok((Cast { element, scale, sr }, amax))
 }
 
-fn old_encode(element: Fp8Element, y: f32, r: Option<u8>) -> u8 {
+fn fp_formats_encode(element: Fp8Element, y: f32, r: Option<u8>) -> u8 {
     match (element, r) {
         (Fp8Element::E4M3, None) => E4M3::encode_rne_sat(y),
         (Fp8Element::E5M2, None) => E5M2::from_f32_rne_sat(y).0,
@@ -57,7 +57,7 @@ fn old_encode(element: Fp8Element, y: f32, r: Option<u8>) -> u8 {
 }
 
 /// Casts one contiguous run of stored elements into `codes`; returns the clipped count.
-fn old_cast_run(c: &Cast, src: &[f32], rbits: Option<&[u8]>, codes: &mut [u8]) -> usize {
+fn encoder_cast_run(c: &Cast, src: &[f32], rbits: Option<&[u8]>, codes: &mut [u8]) -> usize {
     let max = fp8_max(c.element);
     let scale = c.scale;
     let mut clipped = 0usize;
@@ -80,15 +80,15 @@ fn old_cast_run(c: &Cast, src: &[f32], rbits: Option<&[u8]>, codes: &mut [u8]) -
             for ((o, &v), &r) in codes.iter_mut().zip(src).zip(rb) {
                 let y = v * scale;
                 clipped += (y.abs() > max) as usize;
-                *o = old_encode(c.element, y, Some(r));
+                *o = fp_formats_encode(c.element, y, Some(r));
             }
         }
     }
     clipped
 }
 
-/// The old cast over the stored layout: codes, and (with `values`) the decoded codes.
-fn old_cast_tensor(
+/// The encoder cast over the stored layout: codes, and (with `values`) the decoded codes.
+fn encoder_cast_tensor(
     x: &[f32],
     rows: usize,
     cols: usize,
@@ -114,7 +114,7 @@ fn old_cast_tensor(
                     &*rb
                 });
                 let src = stored_panel(x, rows, cols, usage, r0, n, &mut s.panel);
-                old_cast_run(c, src, rb, o)
+                encoder_cast_run(c, src, rb, o)
             })
         })
         .sum();
@@ -137,7 +137,7 @@ struct Result8 {
 }
 
 #[allow(clippy::too_many_arguments)]
-fn old_path(
+fn encoder_path(
     x: &[f32],
     rows: usize,
     cols: usize,
@@ -146,10 +146,10 @@ fn old_path(
     key: RngKey,
     state: &mut QuantState,
 ) -> Result<Result8, QuantError> {
-    let (c, amax) = old_prepare(x, rows, cols, q, key, state)?;
+    let (c, amax) = encoder_prepare(x, rows, cols, q, key, state)?;
     let mut codes = vec![0u8; x.len()];
     let mut values = vec![0.0f32; x.len()];
-    let clipped = old_cast_tensor(x, rows, cols, usage, &c, &mut codes, Some(&mut values));
+    let clipped = encoder_cast_tensor(x, rows, cols, usage, &c, &mut codes, Some(&mut values));
     Ok(Result8 {
         codes,
         values,
@@ -159,10 +159,10 @@ fn old_path(
     })
 }
 
-/// The new paths: `fake_impl` for the values and clipped count, `quantize_impl` for the
+/// The fused paths: `fake_impl` for the values and clipped count, `quantize_impl` for the
 /// codes, amax and factor, each with its own copy of `state` (which must end equal).
 #[allow(clippy::too_many_arguments)]
-fn new_path(
+fn fused_path(
     x: &[f32],
     rows: usize,
     cols: usize,
@@ -211,7 +211,7 @@ fn first_diff(a: &[f32], b: &[f32]) -> Option<usize> {
 fn assert_same(want: &Result8, got: &Result8, what: &str) {
     if let Some(i) = first_diff(&want.values, &got.values) {
         panic!(
-            "{what}: value {i}: old {:e} ({:#010x}), new {:e} ({:#010x})",
+            "{what}: value {i}: encoder {:e} ({:#010x}), fused {:e} ({:#010x})",
             want.values[i],
             want.values[i].to_bits(),
             got.values[i],
@@ -220,7 +220,7 @@ fn assert_same(want: &Result8, got: &Result8, what: &str) {
     }
     if let Some(i) = want.codes.iter().zip(&got.codes).position(|(a, b)| a != b) {
         panic!(
-            "{what}: code {i}: old {:#04x}, new {:#04x}",
+            "{what}: code {i}: encoder {:#04x}, fused {:#04x}",
             want.codes[i], got.codes[i]
         );
     }
@@ -314,9 +314,9 @@ fn on_pools(mut f: impl FnMut(usize) + Send) {
 // ---------------------------------------------------------------------------------------
 
 /// Current scaling (plain and power-of-two scales), RNE and SR, both usages and builds:
-/// the new fake and codes paths equal the old one bit for bit.
+/// the fused fake and codes paths equal the encoder path bit for bit.
 #[test]
-fn current_scaling_equals_old_path() {
+fn current_scaling_fused_equals_encoder_path() {
     on_pools(|threads| {
         for (si, &(rows, cols)) in SHAPES.iter().enumerate() {
             for (di, wild) in [false, true].into_iter().enumerate() {
@@ -328,7 +328,7 @@ fn current_scaling_equals_old_path() {
                             for usage in [Usage::Rowwise, Usage::Columnwise] {
                                 let mut s0 = QuantState::new();
                                 let want =
-                                    old_path(&x, rows, cols, usage, &q, KEY, &mut s0).unwrap();
+                                    encoder_path(&x, rows, cols, usage, &q, KEY, &mut s0).unwrap();
                                 for portable in [false, true] {
                                     let what = format!(
                                         "{element:?} p2={power_of_two} sr={sr} {usage:?} \
@@ -336,9 +336,10 @@ fn current_scaling_equals_old_path() {
                                          {threads}t"
                                     );
                                     let mut s1 = QuantState::new();
-                                    let got =
-                                        new_path(&x, rows, cols, usage, &q, KEY, &mut s1, portable)
-                                            .unwrap();
+                                    let got = fused_path(
+                                        &x, rows, cols, usage, &q, KEY, &mut s1, portable,
+                                    )
+                                    .unwrap();
                                     assert_same(&want, &got, &what);
                                     assert!(same_state(&s0, &s1), "{what}: state");
                                 }
@@ -353,10 +354,10 @@ fn current_scaling_equals_old_path() {
 
 /// Delayed scaling over several steps (several casts per step, both usages, end of step
 /// in between): same values, codes, clipped counts (a stale scale clips), amaxes and
-/// states as the old path, including steps with NaN / ±Inf input (the scale is kept) and
+/// states as the encoder path, including steps with NaN / ±Inf input (the scale is kept) and
 /// a step whose magnitude collapses.
 #[test]
-fn delayed_scaling_equals_old_path_across_steps() {
+fn delayed_scaling_fused_equals_encoder_path_across_steps() {
     let gains = [1.0f32, 40.0, 0.01, 1.0, 1e-7, 3.0];
     on_pools(|threads| {
         for element in [Fp8Element::E4M3, Fp8Element::E5M2] {
@@ -373,7 +374,7 @@ fn delayed_scaling_equals_old_path_across_steps() {
                 for sr in [false, true] {
                     let q = fp8_q(element, scaling, sr);
                     for portable in [false, true] {
-                        let (mut s_old, mut s_new) = (QuantState::new(), QuantState::new());
+                        let (mut s_enc, mut s_fused) = (QuantState::new(), QuantState::new());
                         for (step, &gain) in gains.iter().enumerate() {
                             for (k, &(rows, cols)) in SHAPES[1..5].iter().enumerate() {
                                 let wild = step % 3 == 2 && k == 1;
@@ -388,17 +389,25 @@ fn delayed_scaling_equals_old_path_across_steps() {
                                      sr={sr} step {step} [{rows},{cols}] {usage:?} \
                                      portable={portable} {threads}t"
                                 );
-                                let want =
-                                    old_path(&x, rows, cols, usage, &q, key, &mut s_old).unwrap();
-                                let got =
-                                    new_path(&x, rows, cols, usage, &q, key, &mut s_new, portable)
-                                        .unwrap();
+                                let want = encoder_path(&x, rows, cols, usage, &q, key, &mut s_enc)
+                                    .unwrap();
+                                let got = fused_path(
+                                    &x,
+                                    rows,
+                                    cols,
+                                    usage,
+                                    &q,
+                                    key,
+                                    &mut s_fused,
+                                    portable,
+                                )
+                                .unwrap();
                                 assert_same(&want, &got, &what);
-                                assert!(same_state(&s_old, &s_new), "{what}: state");
+                                assert!(same_state(&s_enc, &s_fused), "{what}: state");
                             }
-                            s_old.end_step(&q).unwrap();
-                            s_new.end_step(&q).unwrap();
-                            assert!(same_state(&s_old, &s_new), "end of step {step}");
+                            s_enc.end_step(&q).unwrap();
+                            s_fused.end_step(&q).unwrap();
+                            assert!(same_state(&s_enc, &s_fused), "end of step {step}");
                         }
                     }
                 }
@@ -408,11 +417,11 @@ fn delayed_scaling_equals_old_path_across_steps() {
 }
 
 /// Scales no amax gives but a restored or hand-set state can hold (0, subnormal, huge,
-/// negative, Inf): still the old path's bits, including the NaNs that `0 · Inf` makes.
+/// negative, Inf): still the encoder path's bits, including the NaNs that `0 · Inf` makes.
 /// (Not a NaN scale: the sign of `NaN_input · NaN_scale` depends on the operand order the
-/// compiler picks, in the old path as in the new one.)
+/// compiler picks, in the encoder path as in the fused one.)
 #[test]
-fn odd_delayed_scales_equal_old_path() {
+fn odd_delayed_scales_fused_equal_encoder_path() {
     let scaling = Fp8Scaling::Delayed {
         history_len: 2,
         margin: 0,
@@ -425,17 +434,18 @@ fn odd_delayed_scales_equal_old_path() {
             for sr in [false, true] {
                 let q = fp8_q(element, scaling, sr);
                 for usage in [Usage::Rowwise, Usage::Columnwise] {
-                    let mut s_old = QuantState::with_history_len(2);
-                    s_old.set_scale(scale);
-                    let want = old_path(&x, rows, cols, usage, &q, KEY, &mut s_old).unwrap();
+                    let mut s_enc = QuantState::with_history_len(2);
+                    s_enc.set_scale(scale);
+                    let want = encoder_path(&x, rows, cols, usage, &q, KEY, &mut s_enc).unwrap();
                     for portable in [false, true] {
-                        let mut s_new = QuantState::with_history_len(2);
-                        s_new.set_scale(scale);
+                        let mut s_fused = QuantState::with_history_len(2);
+                        s_fused.set_scale(scale);
                         let what = format!("{element:?} scale {scale:e} sr={sr} {usage:?}");
                         let got =
-                            new_path(&x, rows, cols, usage, &q, KEY, &mut s_new, portable).unwrap();
+                            fused_path(&x, rows, cols, usage, &q, KEY, &mut s_fused, portable)
+                                .unwrap();
                         assert_same(&want, &got, &what);
-                        assert!(same_state(&s_old, &s_new), "{what}: state");
+                        assert!(same_state(&s_enc, &s_fused), "{what}: state");
                     }
                 }
             }
@@ -464,14 +474,14 @@ fn element_matches_encoder_and_decoder() {
             .chain(specials.map(|b| b | 0x8000_0000));
         for b in patterns {
             let y = f32::from_bits(b);
-            let code = old_encode(element, y, None);
+            let code = fp_formats_encode(element, y, None);
             let v: f32 = fast::element_rne::<F, f32>(y);
             let c: u8 = fast::element_rne::<F, u8>(y);
             let want = decode(element, code);
             assert_eq!(v.to_bits(), want.to_bits(), "{element:?} RNE y = {b:#010x}");
             assert_eq!(c, code, "{element:?} RNE code y = {b:#010x}");
             for r in [0u8, 1, 127, 128, 255] {
-                let code = old_encode(element, y, Some(r));
+                let code = fp_formats_encode(element, y, Some(r));
                 let v: f32 = fast::element_sr::<F, f32>(y, r);
                 let c: u8 = fast::element_sr::<F, u8>(y, r);
                 let want = decode(element, code);
@@ -531,16 +541,16 @@ fn delayed_amax_ignores_nan_anywhere() {
                 x[i] = if i % 2 == 0 { f32::NAN } else { -f32::NAN };
             }
             for usage in [Usage::Rowwise, Usage::Columnwise] {
-                let mut s_old = QuantState::new();
-                let want = old_path(&x, rows, cols, usage, &q, KEY, &mut s_old).unwrap();
+                let mut s_enc = QuantState::new();
+                let want = encoder_path(&x, rows, cols, usage, &q, KEY, &mut s_enc).unwrap();
                 assert_eq!(want.amax, 100.0);
                 for portable in [false, true] {
-                    let mut s_new = QuantState::new();
+                    let mut s_fused = QuantState::new();
                     let got =
-                        new_path(&x, rows, cols, usage, &q, KEY, &mut s_new, portable).unwrap();
+                        fused_path(&x, rows, cols, usage, &q, KEY, &mut s_fused, portable).unwrap();
                     let what = format!("max at {p}, NaN every {gap} after it, {usage:?}");
                     assert_same(&want, &got, &what);
-                    assert!(same_state(&s_old, &s_new), "{what}: state");
+                    assert!(same_state(&s_enc, &s_fused), "{what}: state");
                 }
             }
         }
