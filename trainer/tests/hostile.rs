@@ -1,0 +1,398 @@
+//! The defects of issue #13 ("runs that never lose work"), found by using the trainer as a
+//! hostile user would: each test failed before its fix. (Kills, signals, locks and
+//! `--overwrite` are in `tests/crash.rs`.)
+
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use trainer::checkpoint::{self, CheckpointError};
+use trainer::recipe::{Recipe, RecipeError};
+use trainer::sample::{SampleConfig, Sampler};
+use trainer::train::{read_metrics, RunConfig, TrainError, TrainOptions, Trainer};
+
+const TINY: &str = r#"
+[model]
+vocab = 256
+d_model = 32
+n_layers = 2
+n_heads = 2
+hidden = 64
+seq = 16
+
+[train]
+steps = 6
+batch = 2
+lr = 0.01
+warmup_steps = 2
+eval_every = 3
+eval_batches = 1
+
+[data]
+kind = "corpus"
+seed = 2
+bytes = 20000
+"#;
+
+fn opts(out: &Path) -> TrainOptions {
+    TrainOptions {
+        out: out.to_path_buf(),
+        quiet: true,
+        stop_after: None,
+    }
+}
+
+fn trainer(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_trainer"))
+        .args(args)
+        .output()
+        .expect("run trainer")
+}
+
+fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+fn fails_with(args: &[&str], needle: &str) -> String {
+    let o = trainer(args);
+    let err = stderr(&o);
+    assert!(!o.status.success(), "{args:?} succeeded");
+    assert!(
+        err.starts_with("error:") && !err.contains("panicked"),
+        "{args:?}: {err}"
+    );
+    assert!(err.contains(needle), "{args:?}: {err}");
+    err
+}
+
+fn tiny_run(dir: &Path, toml: &str) -> PathBuf {
+    let cfg = RunConfig::from_toml_str(toml).unwrap();
+    Trainer::new(cfg, Recipe::builtin("bf16").unwrap(), opts(dir))
+        .unwrap()
+        .run()
+        .unwrap()
+        .checkpoint
+}
+
+/// Item 3: a run whose warmup is the whole run (as `--steps` below the warmup makes it)
+/// diverging during warmup is stopped; before, the guard was off during warmup and the run
+/// ended "done".
+#[test]
+fn the_guard_watches_the_warmup() {
+    let tmp = tempfile::tempdir().unwrap();
+    let toml = TINY
+        .replace("lr = 0.01", "lr = 50.0")
+        .replace("warmup_steps = 2", "warmup_steps = 6")
+        .replace("eval_every = 3", "eval_every = 100");
+    let cfg = RunConfig::from_toml_str(&toml).unwrap();
+    let out = tmp.path().join("run");
+    let e = Trainer::new(cfg, Recipe::builtin("bf16").unwrap(), opts(&out))
+        .unwrap()
+        .run()
+        .unwrap_err();
+    match &e {
+        TrainError::Diverged { reason, step, .. } => {
+            assert!(reason.contains("the first step's loss"), "{e}");
+            assert!(*step >= 2 && *step < 6, "{e}");
+        }
+        other => panic!("{other}"),
+    }
+    assert!(out.join("diagnosis.txt").is_file());
+    assert!(!out.join("summary.json").exists());
+}
+
+/// Item 3: a checkpoint is written only for parameters whose validation loss passes the
+/// guard, so the "last good checkpoint" of a divergence is good; before, checkpoints written
+/// during warmup were never judged.
+#[test]
+fn the_last_good_checkpoint_is_good() {
+    let tmp = tempfile::tempdir().unwrap();
+    let toml = TINY
+        .replace("lr = 0.01", "lr = 5.0")
+        .replace("warmup_steps = 2", "warmup_steps = 6")
+        .replace("eval_every = 3", "eval_every = 1");
+    let cfg = RunConfig::from_toml_str(&toml).unwrap();
+    let out = tmp.path().join("run");
+    let e = Trainer::new(cfg, Recipe::builtin("bf16").unwrap(), opts(&out))
+        .unwrap()
+        .run()
+        .unwrap_err();
+    let TrainError::Diverged {
+        reason,
+        last_checkpoint,
+        step,
+        ..
+    } = &e
+    else {
+        panic!("{e}")
+    };
+    assert!(reason.contains("validation loss"), "{e}");
+    let metrics = read_metrics(&out.join("metrics.jsonl")).unwrap();
+    let first = metrics[0].train_loss;
+    let ck = checkpoint::load(&out).unwrap();
+    assert_eq!(last_checkpoint, &ck.dir.display().to_string());
+    assert_eq!(ck.state.step, step - 1);
+    for m in &metrics {
+        let v = m.val_loss.unwrap();
+        if m.step <= ck.state.step {
+            assert!(v <= 3.0 * first, "step {} val {v}, first {first}", m.step);
+        }
+    }
+    assert!(!out.join(format!("checkpoints/step-{step:08}")).exists());
+}
+
+/// Item 4: two recipes with one name would share an output folder.
+#[test]
+fn compare_refuses_duplicate_recipe_names() {
+    let tmp = tempfile::tempdir().unwrap();
+    let a = tmp.path().join("a.toml");
+    let b = tmp.path().join("b.toml");
+    fs::write(&a, "base = \"bf16\"\nname = \"same\"\n").unwrap();
+    fs::write(&b, "base = \"mxfp8\"\nname = \"same\"\n").unwrap();
+    let out = tmp.path().join("cmp");
+    let recipes = format!("{},{}", a.display(), b.display());
+    let err = fails_with(
+        &[
+            "compare",
+            "--preset",
+            "tiny",
+            "--steps",
+            "1",
+            "--recipes",
+            &recipes,
+            "--out",
+            out.to_str().unwrap(),
+        ],
+        "both named 'same'",
+    );
+    assert!(err.contains("a.toml") && err.contains("b.toml"), "{err}");
+    fails_with(
+        &["compare", "--recipes", "bf16,nvfp4,bf16", "--steps", "1"],
+        "both named 'bf16'",
+    );
+    assert!(!out.exists());
+}
+
+/// Item 5: recipe names become directory names and must not escape them.
+#[test]
+fn recipe_names_are_restricted_to_a_safe_character_set() {
+    for bad in ["../../x", "/tmp/abs", "a/b", ".hidden", "", "x y", "ä"] {
+        let toml = format!("base = \"bf16\"\nname = {bad:?}\n");
+        let e = Recipe::from_toml_str(&toml).unwrap_err();
+        assert!(matches!(e, RecipeError::Invalid { .. }), "{bad:?}: {e}");
+        assert!(e.to_string().contains("name"), "{e}");
+    }
+    let long = format!("base = \"bf16\"\nname = \"{}\"\n", "x".repeat(65));
+    assert!(Recipe::from_toml_str(&long).is_err());
+    for good in ["mine", "nvfp4-v2.1_b", "A0"] {
+        let toml = format!("base = \"bf16\"\nname = {good:?}\n");
+        assert_eq!(Recipe::from_toml_str(&toml).unwrap().name, good);
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let r = tmp.path().join("escape.toml");
+    fs::write(&r, "base = \"bf16\"\nname = \"../../escaped\"\n").unwrap();
+    fails_with(
+        &["train", "--recipe", r.to_str().unwrap(), "--steps", "1"],
+        "may only use",
+    );
+}
+
+/// Item 6: sizes from the user are bounded and estimated before anything is allocated;
+/// before, these panicked (capacity overflow) or aborted (allocation failure).
+#[test]
+fn huge_sizes_are_refused_with_the_estimate() {
+    let tmp = tempfile::tempdir().unwrap();
+    let run = tmp.path().join("run");
+    tiny_run(&run, TINY);
+    let run_s = run.to_str().unwrap();
+    for n in ["18446744073709551615", "4000000000"] {
+        fails_with(
+            &["sample", run_s, "--tokens", n],
+            "at most 1000000 per call",
+        );
+    }
+    for spec in ["corpus:0:99999999999999", "corpus:0:18446744073709551615"] {
+        fails_with(
+            &["train", "--preset", "tiny", "--steps", "1", "--data", spec],
+            "of memory (",
+        );
+    }
+    fails_with(
+        &["data", "sample", "--bytes", "99999999999999"],
+        "needs about",
+    );
+    fails_with(
+        &["data", "stats", "--bytes", "99999999999999"],
+        "needs about",
+    );
+    let cfg = tmp.path().join("big.toml");
+    fs::write(&cfg, TINY.replace("batch = 2", "batch = 1000000")).unwrap();
+    let err = fails_with(
+        &["train", "--config", cfg.to_str().unwrap(), "--steps", "1"],
+        "needs about",
+    );
+    assert!(err.contains("batch 1000000 x seq 16"), "{err}");
+    fs::write(&cfg, TINY.replace("batch = 2", "batch = 100000000")).unwrap();
+    fails_with(
+        &["train", "--config", cfg.to_str().unwrap()],
+        "must be at most 1048576",
+    );
+    fs::write(&cfg, TINY.replace("d_model = 32", "d_model = 4294967296")).unwrap();
+    fails_with(&["train", "--config", cfg.to_str().unwrap()], "too large");
+    fails_with(&["train", "--threads", "100000"], "--threads must be in");
+    fails_with(
+        &["compare", "--seeds", "18446744073709551615"],
+        "--seeds must be at least 1 and at most 1000",
+    );
+    fails_with(
+        &["recipes", "show", "nvfp4", "--plan", "99999999999"],
+        "--plan needs",
+    );
+    fails_with(
+        &["data", "stats", "--shard", "x.bin", "--vocab", "4000000000"],
+        "must be in 1..=65536",
+    );
+    // the library bound, and no preallocation below it
+    let mut s = Sampler::load(&run, Recipe::builtin("bf16").unwrap()).unwrap();
+    let e = s
+        .generate(
+            b"ab".map(u32::from).as_slice(),
+            &SampleConfig {
+                tokens: usize::MAX,
+                temperature: 0.0,
+                top_k: 0,
+                seed: 0,
+            },
+        )
+        .unwrap_err();
+    assert!(matches!(e, TrainError::Sampling(_)), "{e}");
+    // a memory estimate that cannot fit is refused by the library too
+    let mut big = RunConfig::from_toml_str(TINY).unwrap();
+    big.train.batch = 1 << 20;
+    assert!(matches!(
+        Trainer::new(big, Recipe::builtin("bf16").unwrap(), opts(&run)),
+        Err(TrainError::TooLarge(_))
+    ));
+}
+
+/// Item 8: values that were silently wrong.
+#[test]
+fn silent_wrong_values_are_refused_or_right() {
+    let tmp = tempfile::tempdir().unwrap();
+    // a model beyond bytes: refuse text, print ids on request
+    let run = tmp.path().join("v300");
+    tiny_run(&run, &TINY.replace("vocab = 256", "vocab = 300"));
+    let run_s = run.to_str().unwrap();
+    fails_with(&["sample", run_s, "--tokens", "3"], "--ids");
+    let o = trainer(&["sample", run_s, "--tokens", "3", "--ids", "--prompt", "ab"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let ids: Vec<u32> = String::from_utf8_lossy(&o.stdout)
+        .split_whitespace()
+        .map(|t| t.parse().unwrap())
+        .collect();
+    assert_eq!(ids.len(), 5);
+    assert_eq!(&ids[..2], &[97, 98]);
+    assert!(ids.iter().all(|&t| t < 300));
+    // --resume with settings it would ignore
+    fails_with(
+        &["train", "--resume", run_s, "--seed", "3"],
+        "--seed cannot",
+    );
+    fails_with(
+        &["train", "--resume", run_s, "--eval-every", "2"],
+        "--eval-every cannot",
+    );
+}
+
+/// Item 9: messages that said something else than what was wrong.
+#[test]
+fn messages_name_the_real_problem() {
+    let tmp = tempfile::tempdir().unwrap();
+    // a missing recipe file is not an unknown recipe name
+    let err = fails_with(
+        &["train", "--recipe", "mine.toml", "--steps", "1"],
+        "recipe file mine.toml",
+    );
+    assert!(!err.contains("unknown recipe"), "{err}");
+    // I/O errors say their cause once
+    let err = fails_with(
+        &["train", "--config", "/nonexistent/run.toml"],
+        "No such file",
+    );
+    assert_eq!(err.matches("No such file").count(), 1, "{err}");
+    let err = fails_with(&["sample", "/nonexistent"], "not a checkpoint");
+    assert_eq!(err.lines().count(), 1, "{err}");
+    // a `latest` naming a missing directory
+    let run = tmp.path().join("run");
+    let ck = tiny_run(&run, TINY);
+    fs::remove_dir_all(&ck).unwrap();
+    let e = checkpoint::load(&run).unwrap_err();
+    assert!(matches!(e, CheckpointError::DanglingLatest { .. }), "{e}");
+    assert!(e.to_string().contains("step-00000006"), "{e}");
+    fails_with(
+        &["train", "--resume", run.to_str().unwrap()],
+        "which is missing",
+    );
+    fs::write(run.join("checkpoints/latest"), "../../etc").unwrap();
+    assert!(matches!(
+        checkpoint::resolve(&run),
+        Err(CheckpointError::DanglingLatest { .. })
+    ));
+    // sampling settings are not "invalid run config"
+    let good = tmp.path().join("good");
+    tiny_run(&good, TINY);
+    let err = fails_with(
+        &[
+            "sample",
+            good.to_str().unwrap(),
+            "--temperature=-1",
+            "--tokens",
+            "2",
+        ],
+        "invalid sampling settings: temperature -1",
+    );
+    assert!(!err.contains("run config"), "{err}");
+    // an upper-case .BIN is a token shard, not text
+    let shard = tmp.path().join("TOKENS.BIN");
+    let tokens: Vec<u16> = trainer::data::generate(5, 20_000)
+        .bytes()
+        .map(u16::from)
+        .collect();
+    trainer::data::write_raw_shard(&shard, &tokens).unwrap();
+    let out = tmp.path().join("shard-run");
+    let o = trainer(&[
+        "train",
+        "--preset",
+        "tiny",
+        "--steps",
+        "1",
+        "--quiet",
+        "--data",
+        shard.to_str().unwrap(),
+        "--out",
+        out.to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let run_toml = fs::read_to_string(out.join("run.toml")).unwrap();
+    assert!(run_toml.contains("kind = \"shard\""), "{run_toml}");
+}
+
+/// Item 10: a failed checkpoint write leaves nothing behind.
+#[test]
+fn a_failed_checkpoint_write_leaves_no_temporary_files() {
+    let tmp = tempfile::tempdir().unwrap();
+    let ck = tiny_run(&tmp.path().join("run"), TINY);
+    let mut c = checkpoint::load(&ck).unwrap();
+    let root = tmp.path().join("other");
+    fs::create_dir_all(&root).unwrap();
+    c.state.step = 99;
+    // a file where the step directory goes: the rename cannot replace it
+    fs::write(root.join("step-00000099"), b"in the way").unwrap();
+    let e = checkpoint::save(&root, &mut c.state, &c.tensors, &c.optimizer, 2).unwrap_err();
+    assert!(matches!(e, CheckpointError::Io { .. }), "{e}");
+    let names: Vec<String> = fs::read_dir(&root)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect();
+    assert_eq!(names, ["step-00000099"], "{names:?}");
+}
