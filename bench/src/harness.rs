@@ -77,6 +77,41 @@ impl<'a> Case<'a> {
             run: Box::new(f),
         }
     }
+
+    /// Runs the case once, untimed.
+    pub fn call(&mut self) {
+        (self.run)();
+    }
+
+    /// The same case made slower on purpose by `fraction` (0.3: 30% slower): after each call
+    /// the CPU stays busy for `fraction` of the CPU time the call took. This is how the gate
+    /// is shown to catch a real slowdown (`bench kernels --inject-slowdown`).
+    pub fn slowed(self, fraction: f64) -> Case<'a> {
+        let mut run = self.run;
+        Case {
+            name: self.name,
+            run: Box::new(move || {
+                let spent = Clock::ProcessCpu.time(&mut *run);
+                busy_for(spent * fraction);
+            }),
+        }
+    }
+}
+
+/// Keeps this thread busy for `secs` of process CPU time (wall time off Linux).
+fn busy_for(secs: f64) {
+    let start = process_cpu_time();
+    let wall = Instant::now();
+    loop {
+        let spent = match (start, process_cpu_time()) {
+            (Some(a), Some(b)) => (b - a).as_secs_f64(),
+            _ => wall.elapsed().as_secs_f64(),
+        };
+        if spent >= secs {
+            return;
+        }
+        black_box(spent);
+    }
 }
 
 /// Per-round seconds of each case: `times[case][round]`.
@@ -285,6 +320,17 @@ mod tests {
         }
         // warm-up once each; then per round and case: 2 reference + 2 case runs
         assert_eq!((r, a, b), (1 + 3 * 2 * 2, 1 + 3 * 2, 1 + 3 * 2));
+    }
+
+    #[test]
+    fn a_slowed_case_still_runs_its_work_once_per_call() {
+        let mut n = 0;
+        {
+            let mut case = Case::new("a", || n += 1).slowed(0.3);
+            (case.run)();
+            (case.run)();
+        }
+        assert_eq!(n, 2);
     }
 
     #[test]

@@ -21,8 +21,9 @@ use quant::{
     RoundingMode, Usage,
 };
 
+use crate::calibrate;
 use crate::harness::{run_against, run_rounds, Case, Clock};
-use crate::metric::{Better, Metric};
+use crate::metric::{Basis, Better, Metric};
 
 /// Deterministic normal-ish data (Irwin-Hall of four uniforms, unit variance) from SplitMix64.
 pub fn data(n: usize, seed: u64) -> Vec<f32> {
@@ -66,125 +67,216 @@ fn nvfp4_configs() -> Nvfp4Configs {
 
 const KEY: RngKey = RngKey { seed: 1, stream: 2 };
 
-/// Quantizers vs memcpy on a `rows x cols` f32 tensor, one thread.
-fn quantizers(rounds: usize, rows: usize, cols: usize, out: &mut Vec<Metric>) -> Result<()> {
-    let p1 = pool(1)?;
-    let x = data(rows * cols, 0x5EED);
-    let bytes = (rows * cols * 4) as f64;
-    let mut copy = vec![0.0f32; x.len()];
-    let mut packed = vec![0u8; x.len() / 2];
-    let mut e4m3 = vec![0u8; x.len()];
-    let mut deq = vec![0.0f32; x.len()];
-    let nv_fmt = fnv::quantize(&x, rows, cols, Nvfp4Options::default())?;
-    let mx_opts = MxOptions::new(MxElement::E4M3, ScaleRule::Rceil);
-    let mx4_opts = MxOptions::new(MxElement::E2M1, ScaleRule::Rceil);
-    let c = nvfp4_configs();
-    let mxq = OperandQuant::mx(MxElement::E4M3, ScaleRule::Rceil);
-    let fp8q = OperandQuant::fp8_current(Fp8Element::E4M3);
-    let e5m2q = OperandQuant::fp8_current(Fp8Element::E5M2);
-    let bf16q = quant::GemmPolicy::BF16.fprop.a;
-    let mut fake = vec![0.0f32; x.len()];
-    let mut rounded = vec![0.0f32; x.len()];
+/// Every quantizer the suite measures, by metric name (`crate/kernel`). One table serves the
+/// large-tensor cases, the in-cache cases and the callgrind runs.
+pub const KERNELS: &[&str] = &[
+    "fp-formats/e2m1_encode_packed",
+    "fp-formats/e4m3_encode_rne_sat",
+    "fp-formats/nvfp4_quantize",
+    "fp-formats/nvfp4_dequantize",
+    "fp-formats/mxfp8_e4m3_quantize",
+    "fp-formats/mxfp4_quantize",
+    "quant/nvfp4_row_1x16",
+    "quant/nvfp4_col_rht_sr",
+    "quant/nvfp4_row_16x16",
+    "quant/nvfp4_fake_col_rht_sr",
+    "quant/mxfp8_rowwise",
+    "quant/fp8_current",
+    "quant/fp8_e5m2_current",
+    "quant/bf16_fake_rne",
+];
 
-    // Case names are `crate/kernel`; they become the metric names.
+/// An input tensor and every buffer, configuration and one-thread pool the kernels of
+/// [`KERNELS`] need, prepared before any of them is timed or counted.
+struct Workspace {
+    x: Vec<f32>,
+    rows: usize,
+    cols: usize,
+    packed: Vec<u8>,
+    bytes: Vec<u8>,
+    deq: Vec<f32>,
+    fake: Vec<f32>,
+    rounded: Vec<f32>,
+    nv_fmt: fnv::Nvfp4Matrix,
+    nvfp4: Nvfp4Configs,
+    pool: rayon::ThreadPool,
+}
+
+impl Workspace {
+    fn new(rows: usize, cols: usize, seed: u64) -> Result<Workspace> {
+        let x = data(rows * cols, seed);
+        let nv_fmt = fnv::quantize(&x, rows, cols, Nvfp4Options::default())?;
+        Ok(Workspace {
+            packed: vec![0; x.len() / 2],
+            bytes: vec![0; x.len()],
+            deq: vec![0.0; x.len()],
+            fake: vec![0.0; x.len()],
+            rounded: vec![0.0; x.len()],
+            nv_fmt,
+            nvfp4: nvfp4_configs(),
+            pool: pool(1)?,
+            x,
+            rows,
+            cols,
+        })
+    }
+
+    /// A case per kernel of [`KERNELS`], in that order, each running its kernel `reps` times
+    /// per call and made slower on purpose where `inject` names it ([`Case::slowed`]).
+    fn cases(&mut self, reps: usize, inject: &[(String, f64)]) -> Vec<Case<'_>> {
+        let Workspace {
+            x,
+            rows,
+            cols,
+            packed,
+            bytes,
+            deq,
+            fake,
+            rounded,
+            nv_fmt,
+            nvfp4: c,
+            pool: p1,
+        } = self;
+        let (x, rows, cols, p1, c) = (&x[..], *rows, *cols, &*p1, &*c);
+        let nv_fmt = &*nv_fmt;
+        let mx8 = MxOptions::new(MxElement::E4M3, ScaleRule::Rceil);
+        let mx4 = MxOptions::new(MxElement::E2M1, ScaleRule::Rceil);
+        let mxq = OperandQuant::mx(MxElement::E4M3, ScaleRule::Rceil);
+        let fp8q = OperandQuant::fp8_current(Fp8Element::E4M3);
+        let e5m2q = OperandQuant::fp8_current(Fp8Element::E5M2);
+        let bf16q = quant::GemmPolicy::BF16.fprop.a;
+        // Quantizers of `quant` run on a one-thread pool (they parallelise with rayon).
+        let kernels: Vec<Box<dyn FnMut() + Send + '_>> = vec![
+            Box::new(move || E2M1::encode_slice_packed(black_box(x), packed)),
+            Box::new(move || E4M3::encode_slice_rne_sat(black_box(x), bytes)),
+            Box::new(move || {
+                black_box(
+                    fnv::quantize(black_box(x), rows, cols, Nvfp4Options::default()).unwrap(),
+                );
+            }),
+            Box::new(move || nv_fmt.dequantize_into(deq)),
+            Box::new(move || {
+                black_box(fmx::quantize(black_box(x), rows, cols, mx8).unwrap());
+            }),
+            Box::new(move || {
+                black_box(fmx::quantize(black_box(x), rows, cols, mx4).unwrap());
+            }),
+            Box::new(move || {
+                p1.install(|| {
+                    black_box(nvfp4::quantize(x, rows, cols, Usage::Rowwise, &c.act, KEY).unwrap());
+                })
+            }),
+            Box::new(move || {
+                p1.install(|| {
+                    black_box(
+                        nvfp4::quantize(x, rows, cols, Usage::Columnwise, &c.grad, KEY).unwrap(),
+                    );
+                })
+            }),
+            Box::new(move || {
+                p1.install(|| {
+                    black_box(
+                        nvfp4::quantize(x, rows, cols, Usage::Rowwise, &c.weight, KEY).unwrap(),
+                    );
+                })
+            }),
+            Box::new(move || {
+                p1.install(|| {
+                    nvfp4::fake_quantize_into(x, rows, cols, Usage::Columnwise, &c.grad, KEY, fake)
+                        .unwrap();
+                })
+            }),
+            Box::new(move || {
+                p1.install(|| {
+                    black_box(mx::quantize(x, rows, cols, Usage::Rowwise, &mxq, KEY).unwrap());
+                })
+            }),
+            Box::new(move || {
+                p1.install(|| {
+                    let mut st = QuantState::new();
+                    black_box(
+                        fp8::quantize(x, rows, cols, Usage::Rowwise, &fp8q, KEY, &mut st).unwrap(),
+                    );
+                })
+            }),
+            Box::new(move || {
+                p1.install(|| {
+                    let mut st = QuantState::new();
+                    black_box(
+                        fp8::quantize(x, rows, cols, Usage::Rowwise, &e5m2q, KEY, &mut st).unwrap(),
+                    );
+                })
+            }),
+            Box::new(move || {
+                p1.install(|| {
+                    bf16::fake_quantize_into(x, rows, cols, Usage::Rowwise, &bf16q, KEY, rounded)
+                        .unwrap();
+                })
+            }),
+        ];
+        assert_eq!(kernels.len(), KERNELS.len(), "one closure per kernel name");
+        KERNELS
+            .iter()
+            .zip(kernels)
+            .map(|(&name, mut one)| {
+                // Repetitions run inside the pool (nested installs then run inline), so the
+                // hand-over to its worker thread is paid once per timed call, not per
+                // kernel; a single call runs as a user would call it.
+                let case = if reps == 1 {
+                    Case::new(name, one)
+                } else {
+                    Case::new(name, move || {
+                        p1.install(|| {
+                            for _ in 0..reps {
+                                one();
+                            }
+                        })
+                    })
+                };
+                match inject.iter().find(|(n, _)| n == name) {
+                    Some(&(_, fraction)) => case.slowed(fraction),
+                    None => case,
+                }
+            })
+            .collect()
+    }
+}
+
+/// The quantizers on a `rows x cols` f32 tensor far larger than the caches, each as a multiple
+/// of a memcpy of the same tensor run just before it, one thread. **Reported, not gated**: the
+/// kernels are bound by the core and the memcpy by memory bandwidth, so the ratio moves with
+/// the machine's balance of the two (a host with twice the bandwidth and a third more compute
+/// makes every kernel look ~1.5x slower).
+fn quantizers_vs_memcpy(
+    rounds: usize,
+    rows: usize,
+    cols: usize,
+    inject: &[(String, f64)],
+    out: &mut Vec<Metric>,
+) -> Result<()> {
+    let mut ws = Workspace::new(rows, cols, 0x5EED)?;
+    let bytes = (rows * cols * 4) as f64;
+    let x = ws.x.clone();
+    let mut copy = vec![0.0f32; x.len()];
     let mut memcpy = Case::new("memcpy", || copy.copy_from_slice(black_box(&x)));
-    let mut cases = vec![
-        Case::new("fp-formats/e2m1_encode_packed", || {
-            E2M1::encode_slice_packed(black_box(&x), &mut packed)
-        }),
-        Case::new("fp-formats/e4m3_encode_rne_sat", || {
-            E4M3::encode_slice_rne_sat(black_box(&x), &mut e4m3)
-        }),
-        Case::new("fp-formats/nvfp4_quantize", || {
-            black_box(fnv::quantize(black_box(&x), rows, cols, Nvfp4Options::default()).unwrap());
-        }),
-        Case::new("fp-formats/nvfp4_dequantize", || {
-            nv_fmt.dequantize_into(&mut deq)
-        }),
-        Case::new("fp-formats/mxfp8_e4m3_quantize", || {
-            black_box(fmx::quantize(black_box(&x), rows, cols, mx_opts).unwrap());
-        }),
-        Case::new("fp-formats/mxfp4_quantize", || {
-            black_box(fmx::quantize(black_box(&x), rows, cols, mx4_opts).unwrap());
-        }),
-        Case::new("quant/nvfp4_row_1x16", || {
-            p1.install(|| {
-                black_box(nvfp4::quantize(&x, rows, cols, Usage::Rowwise, &c.act, KEY).unwrap());
-            })
-        }),
-        Case::new("quant/nvfp4_col_rht_sr", || {
-            p1.install(|| {
-                black_box(
-                    nvfp4::quantize(&x, rows, cols, Usage::Columnwise, &c.grad, KEY).unwrap(),
-                );
-            })
-        }),
-        Case::new("quant/nvfp4_row_16x16", || {
-            p1.install(|| {
-                black_box(nvfp4::quantize(&x, rows, cols, Usage::Rowwise, &c.weight, KEY).unwrap());
-            })
-        }),
-        Case::new("quant/nvfp4_fake_col_rht_sr", || {
-            p1.install(|| {
-                nvfp4::fake_quantize_into(
-                    &x,
-                    rows,
-                    cols,
-                    Usage::Columnwise,
-                    &c.grad,
-                    KEY,
-                    &mut fake,
-                )
-                .unwrap();
-            })
-        }),
-        Case::new("quant/mxfp8_rowwise", || {
-            p1.install(|| {
-                black_box(mx::quantize(&x, rows, cols, Usage::Rowwise, &mxq, KEY).unwrap());
-            })
-        }),
-        Case::new("quant/fp8_current", || {
-            p1.install(|| {
-                let mut st = QuantState::new();
-                black_box(
-                    fp8::quantize(&x, rows, cols, Usage::Rowwise, &fp8q, KEY, &mut st).unwrap(),
-                );
-            })
-        }),
-        Case::new("quant/fp8_e5m2_current", || {
-            p1.install(|| {
-                let mut st = QuantState::new();
-                black_box(
-                    fp8::quantize(&x, rows, cols, Usage::Rowwise, &e5m2q, KEY, &mut st).unwrap(),
-                );
-            })
-        }),
-        Case::new("quant/bf16_fake_rne", || {
-            p1.install(|| {
-                bf16::fake_quantize_into(&x, rows, cols, Usage::Rowwise, &bf16q, KEY, &mut rounded)
-                    .unwrap();
-            })
-        }),
-    ];
+    let mut cases = ws.cases(1, inject);
     let r = run_against(&mut memcpy, &mut cases, rounds, 2, Clock::ProcessCpu);
     drop((cases, memcpy));
     let memcpy_gbs = bytes / r.reference_median_secs() / 1e9;
     out.push(Metric::absolute(
-        "memcpy/f32_tensor/gbs".into(),
+        MEMCPY_GBS.into(),
         memcpy_gbs,
         "GB/s",
         Better::Higher,
-        format!("copy_from_slice of a {rows}x{cols} f32 tensor, one thread"),
+        format!("machine calibration (memory): copy_from_slice of a {rows}x{cols} f32 tensor, one thread"),
     ));
     for &name in r.names() {
-        let (t, spread) = r.speed_vs_reference(name);
-        out.push(Metric::ratio(
+        out.push(Metric::reported_ratio(
             format!("{name}/vs_memcpy"),
-            t,
-            spread,
+            r.speed_vs_reference(name),
             Better::Higher,
             format!(
-                "speed relative to a memcpy of the same {rows}x{cols} f32 tensor (time of a memcpy run just before / time of kernel), one thread, CPU clock"
+                "speed relative to a memcpy of the same {rows}x{cols} f32 tensor (time of a memcpy run just before / time of kernel), one thread, CPU clock; not gated: kernel and memcpy are bound by different resources"
             ),
         ));
         out.push(Metric::absolute(
@@ -193,6 +285,55 @@ fn quantizers(rounds: usize, rows: usize, cols: usize, out: &mut Vec<Metric>) ->
             "GB/s",
             Better::Higher,
             "f32 bytes per second (median round)".into(),
+        ));
+    }
+    Ok(())
+}
+
+/// Side of the square tensor of the in-cache cases: 256 KiB of f32, which with any kernel's
+/// output stays in a 1 MiB L2.
+pub const IN_CACHE_SIDE: usize = 256;
+
+/// Kernel calls per timed call of an in-cache case (each call is 10-700 us).
+const IN_CACHE_REPS: usize = 16;
+
+/// The quantizers on an in-cache tensor, each against the frozen compute probe run just
+/// before it (both bound by the core): **gated**. Also records the probe's rate, the
+/// machine's compute calibration.
+fn quantizers_vs_compute(
+    rounds: usize,
+    inject: &[(String, f64)],
+    out: &mut Vec<Metric>,
+) -> Result<()> {
+    let side = IN_CACHE_SIDE;
+    let mut ws = Workspace::new(side, side, 0xCAC4E)?;
+    let x = ws.x.clone();
+    let mut probe_out = vec![0u8; x.len()];
+    let mut probe = Case::new("probe", || {
+        for _ in 0..IN_CACHE_REPS {
+            calibrate::compute_probe(black_box(&x), &mut probe_out);
+        }
+    });
+    let mut cases = ws.cases(IN_CACHE_REPS, inject);
+    let r = run_against(&mut probe, &mut cases, rounds, 2, Clock::ProcessCpu);
+    drop((cases, probe));
+    let elems = (side * side * IN_CACHE_REPS) as f64;
+    out.push(Metric::absolute(
+        COMPUTE_GELEM_S.into(),
+        elems / r.reference_median_secs() / 1e9,
+        "Gelem/s",
+        Better::Higher,
+        format!("machine calibration (compute): the frozen compute probe on an in-cache {side}x{side} f32 tensor, one thread"),
+    ));
+    for &name in r.names() {
+        out.push(Metric::ratio(
+            format!("{name}/vs_compute_probe"),
+            r.speed_vs_reference(name),
+            Basis::Compute,
+            Better::Higher,
+            format!(
+                "speed relative to the compute probe on the same in-cache {side}x{side} f32 tensor (time of a probe run just before / time of kernel), one thread, CPU clock"
+            ),
         ));
     }
     Ok(())
@@ -224,11 +365,10 @@ fn thread_scaling(rounds: usize, rows: usize, cols: usize, out: &mut Vec<Metric>
         ("nvfp4_row_1x16", "row_1t", "row_2t"),
         ("nvfp4_col_rht_sr", "col_1t", "col_2t"),
     ] {
-        let (s, spread) = r.ratio(one, two);
         out.push(Metric::ratio(
             format!("quant/{name}/speedup_2t"),
-            s,
-            spread,
+            r.ratio(one, two),
+            Basis::Compute,
             Better::Higher,
             format!("time on a 1-thread pool / time on a 2-thread pool, {rows}x{cols}"),
         ));
@@ -260,11 +400,10 @@ fn gemm(rounds: usize, out: &mut Vec<Metric>) -> Result<()> {
         }),
     ];
     let r = run_rounds(&mut cases, rounds, 1, Clock::ProcessCpu);
-    let (t, spread) = r.ratio("nvfp4", "f32");
     out.push(Metric::ratio(
         "quant/nvfp4_emulated_gemm/vs_f32".into(),
-        t,
-        spread,
+        r.ratio("nvfp4", "f32"),
+        Basis::Compute,
         Better::Lower,
         format!("time of the emulated NVFP4 GEMM (quantize X 1x16 + W 16x16, dequantize, f32 GEMM) / f32 GEMM, {m}x{n}x{k}, one thread"),
     ));
@@ -308,11 +447,10 @@ fn adamw(rounds: usize, out: &mut Vec<Metric>) -> Result<()> {
         }),
     ];
     let r = run_rounds(&mut cases, rounds, 1, Clock::ProcessCpu);
-    let (t, spread) = r.ratio("rmw", "adamw");
     out.push(Metric::ratio(
         "optim/adamw_10M/vs_inplace".into(),
-        t,
-        spread,
+        r.ratio("rmw", "adamw"),
+        Basis::Memory,
         Better::Higher,
         "speed relative to an in-place multiply moving the same 28 bytes per parameter (time of pass / time of step), one thread".into(),
     ));
@@ -326,91 +464,61 @@ fn adamw(rounds: usize, out: &mut Vec<Metric>) -> Result<()> {
     Ok(())
 }
 
-/// The whole in-process suite.
-pub fn suite(rounds: usize) -> Result<Vec<Metric>> {
+/// Name of the memory calibration (GB/s of a one-thread memcpy far larger than the caches).
+pub const MEMCPY_GBS: &str = "machine/memcpy_gbs";
+
+/// Name of the compute calibration (elements per second of the frozen compute probe).
+pub const COMPUTE_GELEM_S: &str = "machine/compute_probe_gelem_s";
+
+/// The whole in-process suite. `inject` names kernels of [`KERNELS`] to slow down on purpose
+/// by a fraction (to show that the gate catches it).
+pub fn suite(rounds: usize, inject: &[(String, f64)]) -> Result<Vec<Metric>> {
+    if let Some((name, _)) = inject.iter().find(|(n, _)| !KERNELS.contains(&n.as_str())) {
+        bail!(
+            "cannot slow down {name:?}: not a kernel; known: {}",
+            KERNELS.join(", ")
+        );
+    }
     let mut out = Vec::new();
-    quantizers(rounds, 4096, 4096, &mut out)?;
+    quantizers_vs_compute(rounds.max(5), inject, &mut out)?;
+    quantizers_vs_memcpy(rounds, 4096, 4096, inject, &mut out)?;
     thread_scaling(rounds, 4096, 4096, &mut out)?;
     gemm(rounds, &mut out)?;
     adamw(rounds, &mut out)?;
     Ok(out)
 }
 
-/// Kernels that `cargo xtask bench` runs under callgrind, one call each on a fixed input.
-pub const CALLGRIND_KERNELS: &[&str] = &[
-    "fp-formats/e2m1_encode_packed",
-    "fp-formats/e4m3_encode_rne_sat",
-    "fp-formats/nvfp4_quantize",
-    "fp-formats/mxfp8_e4m3_quantize",
-    "quant/nvfp4_row_1x16",
-    "quant/nvfp4_col_rht_sr",
-    "quant/nvfp4_row_16x16",
-    "quant/mxfp8_rowwise",
-    "quant/fp8_e5m2_current",
-    "quant/bf16_fake_rne",
-];
-
 /// Side of the square input the callgrind kernels run on.
 pub const CALLGRIND_SIDE: usize = 512;
 
 /// Prepares the input, then runs `kernel` once unless `setup_only`: the difference of the two
-/// runs' instruction counts is the kernel's. Quantizers of `quant` run on a one-thread pool.
-pub fn callgrind_kernel(kernel: &str, setup_only: bool) -> Result<()> {
-    let (rows, cols) = (CALLGRIND_SIDE, CALLGRIND_SIDE);
-    let x = data(rows * cols, 0xCA11);
-    let p1 = pool(1)?;
-    let c = nvfp4_configs();
-    let mut packed = vec![0u8; x.len() / 2];
-    let mut bytes = vec![0u8; x.len()];
-    if !CALLGRIND_KERNELS.contains(&kernel) {
-        bail!(
-            "unknown kernel {kernel:?}; known: {}",
-            CALLGRIND_KERNELS.join(", ")
-        );
-    }
+/// runs' instruction counts is the kernel's. `inject` (a fraction) adds that fraction of the
+/// kernel's work again, on the first rows, as an instruction-count slowdown.
+pub fn callgrind_kernel(kernel: &str, setup_only: bool, inject: Option<f64>) -> Result<()> {
+    let Some(index) = KERNELS.iter().position(|k| *k == kernel) else {
+        bail!("unknown kernel {kernel:?}; known: {}", KERNELS.join(", "));
+    };
+    let side = CALLGRIND_SIDE;
+    let mut ws = Workspace::new(side, side, 0xCA11)?;
     // The pool's worker thread exists in both runs, so its start-up cost cancels.
-    p1.install(|| black_box(()));
+    ws.pool.install(|| black_box(()));
+    let mut extra = match inject {
+        // Whole 16-row bands, so every kernel's block shape divides it.
+        Some(f) if f > 0.0 => {
+            let rows = ((side as f64 * f) as usize).div_ceil(16) * 16;
+            Some(Workspace::new(rows, side, 0xCA11)?)
+        }
+        _ => None,
+    };
+    // The cases are built in both runs, so building them cancels too.
+    let mut cases = ws.cases(1, &[]);
+    let mut more = extra.as_mut().map(|e| e.cases(1, &[]));
     if setup_only {
         return Ok(());
     }
-    match kernel {
-        "fp-formats/e2m1_encode_packed" => E2M1::encode_slice_packed(black_box(&x), &mut packed),
-        "fp-formats/e4m3_encode_rne_sat" => E4M3::encode_slice_rne_sat(black_box(&x), &mut bytes),
-        "fp-formats/nvfp4_quantize" => {
-            black_box(fnv::quantize(&x, rows, cols, Nvfp4Options::default())?);
-        }
-        "fp-formats/mxfp8_e4m3_quantize" => {
-            let opts = MxOptions::new(MxElement::E4M3, ScaleRule::Rceil);
-            black_box(fmx::quantize(&x, rows, cols, opts)?);
-        }
-        "quant/nvfp4_row_1x16" => {
-            p1.install(|| nvfp4::quantize(&x, rows, cols, Usage::Rowwise, &c.act, KEY))?;
-        }
-        "quant/nvfp4_col_rht_sr" => {
-            p1.install(|| nvfp4::quantize(&x, rows, cols, Usage::Columnwise, &c.grad, KEY))?;
-        }
-        "quant/nvfp4_row_16x16" => {
-            p1.install(|| nvfp4::quantize(&x, rows, cols, Usage::Rowwise, &c.weight, KEY))?;
-        }
-        "quant/mxfp8_rowwise" => {
-            let q = OperandQuant::mx(MxElement::E4M3, ScaleRule::Rceil);
-            p1.install(|| mx::quantize(&x, rows, cols, Usage::Rowwise, &q, KEY))?;
-        }
-        "quant/fp8_e5m2_current" => {
-            let q = OperandQuant::fp8_current(Fp8Element::E5M2);
-            let mut st = QuantState::new();
-            p1.install(|| fp8::quantize(&x, rows, cols, Usage::Rowwise, &q, KEY, &mut st))?;
-        }
-        "quant/bf16_fake_rne" => {
-            let q = quant::GemmPolicy::BF16.fprop.a;
-            let mut out = vec![0.0f32; x.len()];
-            p1.install(|| {
-                bf16::fake_quantize_into(&x, rows, cols, Usage::Rowwise, &q, KEY, &mut out)
-            })?;
-            black_box(&out);
-        }
-        _ => unreachable!("checked above"),
+    cases[index].call();
+    if let Some(more) = more.as_mut() {
+        more[index].call();
     }
-    black_box((&packed, &bytes));
     Ok(())
 }

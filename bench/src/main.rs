@@ -8,9 +8,15 @@
 //! bench callgrind --list                         the callgrind kernels and input size
 //! ```
 //!
-//! Gated figures are ratios measured in the same rounds (see `harness`), so a busy machine
-//! moves them far less than the absolute numbers, which are reported but never gated.
+//! `kernels` and `callgrind` take `--inject-slowdown KERNEL=FRACTION` (repeatable): that
+//! kernel is made slower on purpose, to check that the gate catches a real slowdown.
+//!
+//! Gated figures are ratios measured in the same rounds (see `harness`) whose two sides are
+//! bound by the same resource (see `metric::Basis`), so neither a busy machine nor a machine
+//! with another balance of memory bandwidth to compute moves them much; absolute numbers and
+//! ratios across resources are reported but never gated.
 
+mod calibrate;
 mod harness;
 mod kernels;
 mod metric;
@@ -41,6 +47,9 @@ enum Cmd {
         /// Write the metrics here (JSON) instead of stdout.
         #[arg(long)]
         json: Option<PathBuf>,
+        /// Slow KERNEL down on purpose by FRACTION (e.g. `quant/nvfp4_row_1x16=0.3`).
+        #[arg(long, value_name = "KERNEL=FRACTION", value_parser = parse_injection)]
+        inject_slowdown: Vec<(String, f64)>,
     },
     /// Training step time per recipe on the default model, and FP32 thread scaling.
     Steps {
@@ -80,7 +89,25 @@ enum Cmd {
         /// Print the kernels and the number of elements each processes.
         #[arg(long)]
         list: bool,
+        /// Add FRACTION of the kernel's work again (e.g. `quant/nvfp4_row_1x16=0.3`); applies
+        /// when KERNEL is the kernel counted.
+        #[arg(long, value_name = "KERNEL=FRACTION", value_parser = parse_injection)]
+        inject_slowdown: Vec<(String, f64)>,
     },
+}
+
+/// Parses `KERNEL=FRACTION` with a fraction in (0, 10].
+fn parse_injection(s: &str) -> Result<(String, f64), String> {
+    let (name, f) = s
+        .rsplit_once('=')
+        .ok_or_else(|| format!("expected KERNEL=FRACTION, got {s:?}"))?;
+    let f: f64 = f
+        .parse()
+        .map_err(|e| format!("fraction {f:?} of {s:?}: {e}"))?;
+    if !(f > 0.0 && f <= 10.0) {
+        return Err(format!("fraction {f} of {s:?} is outside (0, 10]"));
+    }
+    Ok((name.to_string(), f))
 }
 
 fn write(report: &SuiteReport, json: Option<PathBuf>) -> Result<()> {
@@ -98,10 +125,14 @@ fn write(report: &SuiteReport, json: Option<PathBuf>) -> Result<()> {
 
 fn main() -> Result<()> {
     match Cli::parse().command {
-        Cmd::Kernels { rounds, json } => {
+        Cmd::Kernels {
+            rounds,
+            json,
+            inject_slowdown,
+        } => {
             // One-thread GEMMs: set before this process's first GEMM.
             std::env::set_var("MATMUL_NUM_THREADS", "1");
-            let metrics = kernels::suite(rounds.max(1))?;
+            let metrics = kernels::suite(rounds.max(1), &inject_slowdown)?;
             write(
                 &SuiteReport {
                     suite: "kernels".into(),
@@ -140,16 +171,21 @@ fn main() -> Result<()> {
             kernel,
             setup_only,
             list,
+            inject_slowdown,
         } => {
             if list {
                 let n = kernels::CALLGRIND_SIDE * kernels::CALLGRIND_SIDE;
-                for k in kernels::CALLGRIND_KERNELS {
+                for k in kernels::KERNELS {
                     println!("{k} {n}");
                 }
                 return Ok(());
             }
             let kernel = kernel.context("--kernel is required")?;
-            kernels::callgrind_kernel(&kernel, setup_only)
+            let inject = inject_slowdown
+                .iter()
+                .find(|(k, _)| *k == kernel)
+                .map(|&(_, f)| f);
+            kernels::callgrind_kernel(&kernel, setup_only, inject)
         }
     }
 }

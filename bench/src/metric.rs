@@ -1,6 +1,8 @@
 //! The record every measurement becomes: one named number with its unit, the direction that
-//! counts as better, and whether it is a gate (a same-run ratio or an instruction count) or
-//! only reported (an absolute time or throughput).
+//! counts as better, and whether it is a gate (a same-run ratio whose two sides are bound by
+//! the same resource, or an instruction count) or only reported (an absolute time or
+//! throughput, or a ratio to a reference bound by another resource, such as a compute-bound
+//! kernel over a memcpy).
 //!
 //! `cargo xtask bench` reads these records from the JSON this binary writes, merges them
 //! into `target/bench/report.json` and compares the gated ones with `bench/baseline.json`.
@@ -21,11 +23,26 @@ pub enum Better {
 #[derive(Clone, Copy, Debug, Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Kind {
-    /// A ratio of two timings taken in the same rounds (gated, tolerant of machine noise).
+    /// A ratio of two timings taken in the same rounds whose two sides are bound by the same
+    /// resource (its [`Basis`]): gated, tolerant of machine noise.
     /// (`cargo xtask bench` adds a third kind, callgrind instruction counts.)
     Ratio,
-    /// An absolute figure (reported, never gated: it moves with the machine's load).
-    Absolute,
+    /// Reported, never gated: an absolute figure (it moves with the machine's load), or a
+    /// ratio whose two sides are bound by different resources (it moves with the machine's
+    /// balance of memory bandwidth to compute).
+    Reported,
+}
+
+/// The resource both sides of a gated ratio are bound by. A machine that is faster in that
+/// resource speeds both sides up alike, so the ratio carries over; `cargo xtask bench` uses
+/// the basis to decide whether a baseline recorded on another machine still applies.
+#[derive(Clone, Copy, Debug, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Basis {
+    /// Both sides are bound by the core (in-cache data, GEMMs, training steps).
+    Compute,
+    /// Both sides stream from memory (tensors far larger than the caches).
+    Memory,
 }
 
 /// One measured figure.
@@ -41,6 +58,9 @@ pub struct Metric {
     pub better: Better,
     /// Gate or report.
     pub kind: Kind,
+    /// For gated ratios: the resource both sides are bound by.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub basis: Option<Basis>,
     /// Relative spread across rounds (interquartile range over median), when measured in rounds.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub spread: Option<f64>,
@@ -49,16 +69,37 @@ pub struct Metric {
 }
 
 impl Metric {
-    /// A gated same-run ratio.
-    pub fn ratio(name: String, value: f64, spread: f64, better: Better, note: String) -> Metric {
+    /// A gated same-run ratio whose two sides are bound by `basis`.
+    pub fn ratio(
+        name: String,
+        (value, spread): (f64, f64),
+        basis: Basis,
+        better: Better,
+        note: String,
+    ) -> Metric {
         Metric {
             name,
             value,
             unit: "x".into(),
             better,
             kind: Kind::Ratio,
+            basis: Some(basis),
             spread: Some(spread),
             note,
+        }
+    }
+
+    /// A reported same-run ratio whose two sides are bound by different resources.
+    pub fn reported_ratio(
+        name: String,
+        (value, spread): (f64, f64),
+        better: Better,
+        note: String,
+    ) -> Metric {
+        Metric {
+            kind: Kind::Reported,
+            basis: None,
+            ..Metric::ratio(name, (value, spread), Basis::Compute, better, note)
         }
     }
 
@@ -69,7 +110,8 @@ impl Metric {
             value,
             unit: unit.into(),
             better,
-            kind: Kind::Absolute,
+            kind: Kind::Reported,
+            basis: None,
             spread: None,
             note,
         }

@@ -16,7 +16,7 @@ use trainer::recipe::Recipe;
 use trainer::train::{RunConfig, TrainOptions, Trainer};
 
 use crate::harness::{median_and_spread, Rounds};
-use crate::metric::{Better, Metric};
+use crate::metric::{Basis, Better, Metric};
 
 /// Recipes the step suite measures; FP32 is the reference.
 pub const RECIPES: &[&str] = &["fp32", "bf16", "fp8-current", "mxfp8", "nvfp4"];
@@ -144,11 +144,10 @@ pub fn suite(rounds: usize, scaling_rounds: usize) -> Result<Vec<Metric>> {
             format!("2 threads, {what}"),
         ));
         if recipe != "fp32" {
-            let (t, spread) = r.ratio(recipe, "fp32");
             out.push(Metric::ratio(
                 format!("step/{recipe}/vs_fp32"),
-                t,
-                spread,
+                r.ratio(recipe, "fp32"),
+                Basis::Compute,
                 Better::Lower,
                 format!("step time / FP32 step time (steps interleaved in one process), 2 threads, {what}"),
             ));
@@ -169,8 +168,8 @@ pub fn suite(rounds: usize, scaling_rounds: usize) -> Result<Vec<Metric>> {
     eprintln!("  fp32 2-thread speed-up {x:.2}x ({scaling_rounds} pairs of children)");
     out.push(Metric::ratio(
         "step/fp32/speedup_2t".into(),
-        x,
-        spread,
+        (x, spread),
+        Basis::Compute,
         Better::Higher,
         format!("1-thread step time / 2-thread step time (alternating child processes), {what}"),
     ));

@@ -1,25 +1,62 @@
 //! The committed baseline (`bench/baseline.json`) and the comparison that gates CI.
 //!
-//! A gated metric regresses when it is worse than its baseline value by more than its
-//! tolerance, relative: for "higher is better", `value < base * (1 - tol)`; for "lower is
-//! better", `value > base * (1 + tol)`. Improvements never fail (accept them with
-//! `--update-baseline` so the gate tightens). A baseline metric the run did not measure fails,
-//! unless its source was skipped for a stated reason (no valgrind).
+//! Machines of one kind are not one machine: two hosts can differ twofold in memory bandwidth
+//! and by a third in core speed, or be different processor models altogether. So the
+//! baseline keeps two things apart:
+//!
+//! - **Portable** metrics, callgrind instruction counts: the same on every machine that runs
+//!   the same binary. They gate everywhere, tightly.
+//! - **Machine profiles** of timing ratios, one per processor model (`cpu` string and logical
+//!   CPU count), each with the machine's calibration (a memcpy's GB/s and the compute probe's
+//!   rate). A run is compared with the profile of its own processor model only:
+//!   - a ratio of [`Basis::Compute`] (both sides bound by the core) gates whatever the host's
+//!     clock or memory bandwidth: a faster host speeds both sides up alike;
+//!   - a ratio of [`Basis::Memory`] (both sides streaming from memory) gates only while the
+//!     host's balance (memcpy GB/s over probe rate) is within `balance` of the profile's;
+//!     otherwise it is reported as not comparable;
+//!   - on a processor model with no profile, timing ratios are reported, not gated, and the
+//!     report says so; instruction counts still gate.
+//!
+//! A gated metric regresses when it is slower than its baseline by more than its tolerance:
+//! with `slowdown` = base / value for "higher is better" and value / base for "lower is
+//! better", it fails when `slowdown > 1 + tolerance`. A tolerance below 0.3 therefore fails a
+//! 30% slowdown whichever way the metric is written. Tolerances of timing ratios are derived
+//! from measured run-to-run spread (`--update-baseline --runs N`, see [`derive_tolerance`]).
+//! Improvements never fail (accept them with `--update-baseline` so the gate tightens). A
+//! baseline metric the run did not measure fails, unless its source was skipped for a stated
+//! reason (no valgrind).
 
 use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
-use super::metric::{Better, Kind, Metric};
+use super::metric::{Basis, Better, Kind, Metric};
 
-/// Default tolerances by kind.
+/// Default tolerances by kind, and the balance window of memory-bound ratios.
 #[derive(Clone, Copy, Debug, Serialize, Deserialize)]
 pub struct Tolerances {
-    /// Same-run timing ratios.
+    /// Timing ratios without a derived tolerance (allowed slowdown, 0.25 = 25%).
     pub ratio: f64,
     /// Callgrind instruction counts.
     pub instructions: f64,
+    /// How far the host's memcpy/compute balance may be from the profile's (relative, either
+    /// way) for [`Basis::Memory`] ratios to be compared.
+    pub balance: f64,
 }
+
+/// Tolerances for a fresh baseline (see `bench/README.md` for how they were chosen).
+pub const DEFAULT_TOLERANCES: Tolerances = Tolerances {
+    ratio: 0.25,
+    instructions: 0.03,
+    balance: 0.25,
+};
+
+/// Bounds of a derived timing tolerance: at least 10% (CI shares a host with other tenants),
+/// at most 25% (so that a 30% slowdown always fails).
+pub const DERIVED_TOLERANCE_RANGE: (f64, f64) = (0.10, 0.25);
+
+/// Multiple of the largest run-to-run deviation a derived tolerance allows.
+pub const DERIVED_TOLERANCE_FACTOR: f64 = 3.0;
 
 /// One baseline entry.
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -30,9 +67,73 @@ pub struct Entry {
     pub better: Better,
     /// Kind (selects the default tolerance).
     pub kind: Kind,
+    /// For timing ratios: the resource both sides are bound by.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub basis: Option<Basis>,
     /// A per-metric tolerance overriding the default (kept across `--update-baseline`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tolerance: Option<f64>,
+    /// How `tolerance` was obtained.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tolerance_from: Option<String>,
+}
+
+/// Which machine a profile belongs to.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Fingerprint {
+    /// The processor's model name (`/proc/cpuinfo`).
+    pub cpu: String,
+    /// Logical CPUs available to the run.
+    pub logical_cpus: usize,
+}
+
+/// A machine's calibration, measured in every run next to the kernels.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Calibration {
+    /// One-thread memcpy of a tensor far larger than the caches, GB/s.
+    pub memcpy_gbs: f64,
+    /// The frozen compute probe on an in-cache tensor, Gelem/s (None in profiles recorded
+    /// before the probe existed).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub compute_gelem_s: Option<f64>,
+}
+
+impl Calibration {
+    /// Memory bandwidth per unit of compute, when both are known.
+    pub fn balance(&self) -> Option<f64> {
+        self.compute_gelem_s.map(|c| self.memcpy_gbs / c)
+    }
+}
+
+/// This run's machine: fingerprint and calibration.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Machine {
+    /// Processor model and logical CPUs.
+    pub fingerprint: Fingerprint,
+    /// Calibration measured in this run (None when the kernel suite did not produce it).
+    pub calibration: Option<Calibration>,
+}
+
+/// The timing baseline of one processor model.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct Profile {
+    /// The machine it belongs to.
+    pub fingerprint: Fingerprint,
+    /// When and from what run it was recorded.
+    pub recorded: String,
+    /// The machine's calibration when it was recorded.
+    pub calibration: Calibration,
+    /// Accepted values of the timing ratios.
+    pub metrics: BTreeMap<String, Entry>,
+}
+
+/// Metrics that are the same on every machine (instruction counts).
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct Portable {
+    /// When and from what run they were recorded.
+    pub recorded: String,
+    /// Accepted values.
+    pub metrics: BTreeMap<String, Entry>,
 }
 
 /// The baseline file.
@@ -40,16 +141,69 @@ pub struct Entry {
 pub struct Baseline {
     /// Why these tolerances, for the reader of the file.
     pub about: String,
-    /// When and where it was recorded.
-    pub recorded: String,
     /// Default tolerances.
     pub tolerance: Tolerances,
-    /// Accepted values of the gated metrics.
-    pub metrics: BTreeMap<String, Entry>,
+    /// Instruction counts, gated on every machine.
+    pub portable: Portable,
+    /// Timing ratios, one profile per processor model.
+    pub machines: Vec<Profile>,
+}
+
+/// A tolerance derived from repeated runs: `(value, tolerance, how)`.
+pub type Derived = BTreeMap<String, (f64, f64, String)>;
+
+/// The median of `values` and a tolerance of [`DERIVED_TOLERANCE_FACTOR`] times their largest
+/// relative deviation from it (in log terms, so a halving and a doubling weigh alike), within
+/// [`DERIVED_TOLERANCE_RANGE`]; with a description of how it was obtained.
+pub fn derive_tolerance(values: &[f64]) -> Option<(f64, f64, String)> {
+    let mut v: Vec<f64> = values.iter().copied().filter(|x| *x > 0.0).collect();
+    if v.len() < 2 || v.len() != values.len() || v.iter().any(|x| !x.is_finite()) {
+        return None;
+    }
+    v.sort_by(f64::total_cmp);
+    let n = v.len();
+    let median = if n % 2 == 1 {
+        v[n / 2]
+    } else {
+        (v[n / 2 - 1] + v[n / 2]) / 2.0
+    };
+    let dev = v
+        .iter()
+        .map(|x| (x / median).ln().abs())
+        .fold(0.0, f64::max)
+        .exp_m1();
+    let (lo, hi) = DERIVED_TOLERANCE_RANGE;
+    let tol = (DERIVED_TOLERANCE_FACTOR * dev).clamp(lo, hi);
+    let how = format!(
+        "{DERIVED_TOLERANCE_FACTOR} x the largest deviation from the median over {n} runs ({:.1}%), within [{:.0}%, {:.0}%]",
+        100.0 * dev,
+        100.0 * lo,
+        100.0 * hi
+    );
+    Some((median, tol, how))
+}
+
+fn entry(m: &Metric, old: Option<&Entry>, derived: Option<&(f64, f64, String)>) -> Entry {
+    let (value, tolerance, tolerance_from) = match derived {
+        Some((v, t, how)) => (*v, Some(*t), Some(how.clone())),
+        None => (
+            m.value,
+            old.and_then(|e| e.tolerance),
+            old.and_then(|e| e.tolerance_from.clone()),
+        ),
+    };
+    Entry {
+        value,
+        better: m.better,
+        kind: m.kind,
+        basis: m.basis,
+        tolerance,
+        tolerance_from,
+    }
 }
 
 impl Baseline {
-    /// The tolerance that applies to `name`.
+    /// The tolerance that applies to `e`.
     pub fn tolerance_of(&self, e: &Entry) -> f64 {
         e.tolerance.unwrap_or(match e.kind {
             Kind::Instructions => self.tolerance.instructions,
@@ -57,48 +211,79 @@ impl Baseline {
         })
     }
 
-    /// A baseline accepting `metrics`' gated values, keeping `old`'s tolerances and notes.
-    pub fn accept(metrics: &[Metric], old: Option<&Baseline>, recorded: String) -> Baseline {
-        let mut entries = BTreeMap::new();
+    /// The profile of `fingerprint`'s processor model, if recorded.
+    pub fn profile(&self, fingerprint: &Fingerprint) -> Option<&Profile> {
+        self.machines.iter().find(|p| &p.fingerprint == fingerprint)
+    }
+
+    /// A baseline accepting `metrics`' gated values: the instruction counts, and this
+    /// machine's profile (other machines' profiles are kept). `derived` replaces a timing
+    /// ratio's value and tolerance by those derived from repeated runs; otherwise tolerances
+    /// are kept from `old`. Portable metrics whose source was skipped keep their old entries.
+    pub fn accept(
+        metrics: &[Metric],
+        old: Option<&Baseline>,
+        machine: &Machine,
+        derived: &Derived,
+        recorded: String,
+    ) -> Baseline {
+        let old_profile = old.and_then(|b| b.profile(&machine.fingerprint));
+        let mut portable = BTreeMap::new();
+        let mut timing = BTreeMap::new();
         for m in metrics.iter().filter(|m| m.kind.gated()) {
-            let tolerance = old
-                .and_then(|b| b.metrics.get(&m.name))
-                .and_then(|e| e.tolerance);
-            entries.insert(
-                m.name.clone(),
-                Entry {
-                    value: m.value,
-                    better: m.better,
-                    kind: m.kind,
-                    tolerance,
-                },
-            );
-        }
-        // Metrics whose source was skipped this time keep their old entries.
-        if let Some(old) = old {
-            for (name, e) in &old.metrics {
-                entries.entry(name.clone()).or_insert_with(|| e.clone());
+            if m.kind == Kind::Instructions {
+                let o = old.and_then(|b| b.portable.metrics.get(&m.name));
+                portable.insert(m.name.clone(), entry(m, o, None));
+            } else {
+                let o = old_profile.and_then(|p| p.metrics.get(&m.name));
+                timing.insert(m.name.clone(), entry(m, o, derived.get(&m.name)));
             }
         }
+        if let Some(old) = old {
+            for (name, e) in &old.portable.metrics {
+                portable.entry(name.clone()).or_insert_with(|| e.clone());
+            }
+        }
+        let calibration = machine
+            .calibration
+            .or(old_profile.map(|p| p.calibration))
+            .unwrap_or(Calibration {
+                memcpy_gbs: f64::NAN,
+                compute_gelem_s: None,
+            });
+        let mut machines: Vec<Profile> = old
+            .map(|b| {
+                b.machines
+                    .iter()
+                    .filter(|p| p.fingerprint != machine.fingerprint)
+                    .cloned()
+                    .collect()
+            })
+            .unwrap_or_default();
+        machines.push(Profile {
+            fingerprint: machine.fingerprint.clone(),
+            recorded: recorded.clone(),
+            calibration,
+            metrics: timing,
+        });
         Baseline {
             about: old
                 .map(|b| b.about.clone())
                 .unwrap_or_else(|| DEFAULT_ABOUT.into()),
-            recorded,
             tolerance: old.map(|b| b.tolerance).unwrap_or(DEFAULT_TOLERANCES),
-            metrics: entries,
+            portable: Portable {
+                recorded,
+                metrics: portable,
+            },
+            machines,
         }
     }
 }
 
-/// Tolerances for a fresh baseline (see `bench/README.md` for how they were chosen).
-pub const DEFAULT_TOLERANCES: Tolerances = Tolerances {
-    ratio: 0.30,
-    instructions: 0.03,
-};
-
-const DEFAULT_ABOUT: &str = "Accepted values of the gated metrics of `cargo xtask bench`. \
-    Regenerate with `cargo xtask bench --update-baseline` after a deliberate change.";
+const DEFAULT_ABOUT: &str = "Accepted values of the gated metrics of `cargo xtask bench`: \
+    instruction counts (portable, gated on every machine) and one profile of timing ratios per \
+    processor model. Regenerate with `cargo xtask bench --update-baseline --runs 5` after a \
+    deliberate change; see bench/README.md.";
 
 /// The verdict on one gated metric.
 #[derive(Clone, Debug, PartialEq)]
@@ -115,6 +300,9 @@ pub enum Status {
     Missing,
     /// In the baseline, not measured, because its source was skipped.
     Skipped(String),
+    /// A timing ratio that cannot be compared on this machine (no profile for its processor
+    /// model, or a memory-bound ratio on a host of another balance): reported, not gated.
+    NotCompared(String),
 }
 
 impl Status {
@@ -139,12 +327,129 @@ pub struct Verdict {
     pub status: Status,
 }
 
+/// How this run's machine relates to the baseline: what the report says before the table.
+#[derive(Clone, Debug, PartialEq)]
+pub struct MachineMatch {
+    /// The recorded profile of this processor model, by its `recorded` text.
+    pub profile: Option<String>,
+    /// This host's memcpy bandwidth over the profile's.
+    pub memcpy_vs_profile: Option<f64>,
+    /// This host's compute probe rate over the profile's.
+    pub compute_vs_profile: Option<f64>,
+    /// Whether memory-bound ratios are compared (balance within the window).
+    pub memory_ratios_compared: bool,
+    /// One sentence for the report.
+    pub summary: String,
+}
+
+/// Relates `machine` to the baseline's profiles.
+pub fn match_machine(base: &Baseline, machine: &Machine) -> MachineMatch {
+    let fp = &machine.fingerprint;
+    let Some(p) = base.profile(fp) else {
+        let known: Vec<String> = base
+            .machines
+            .iter()
+            .map(|p| {
+                format!(
+                    "{} ({} CPUs)",
+                    p.fingerprint.cpu, p.fingerprint.logical_cpus
+                )
+            })
+            .collect();
+        return MachineMatch {
+            profile: None,
+            memcpy_vs_profile: None,
+            compute_vs_profile: None,
+            memory_ratios_compared: false,
+            summary: format!(
+                "No timing profile for this processor ({}, {} logical CPUs; profiles: {}): timing ratios are reported, not gated; instruction counts gate as everywhere. `cargo xtask bench --update-baseline --runs 5` adds this machine's profile.",
+                fp.cpu,
+                fp.logical_cpus,
+                if known.is_empty() { "none".into() } else { known.join(", ") }
+            ),
+        };
+    };
+    let here = machine.calibration;
+    let memcpy = here.map(|c| c.memcpy_gbs / p.calibration.memcpy_gbs);
+    let compute = here
+        .and_then(|c| c.compute_gelem_s)
+        .zip(p.calibration.compute_gelem_s)
+        .map(|(a, b)| a / b);
+    let balance = here
+        .and_then(|c| c.balance())
+        .zip(p.calibration.balance())
+        .map(|(a, b)| a / b);
+    let window = 1.0 + base.tolerance.balance;
+    let memory_ratios_compared = balance.is_some_and(|b| b <= window && b >= 1.0 / window);
+    let fmt = |x: Option<f64>| x.map_or("unknown".into(), |x| format!("{x:.2}x"));
+    let summary = format!(
+        "Timing profile of this processor ({}) recorded {}. This host vs that recording: memcpy {}, compute probe {}, balance {}. Core-bound ratios are compared as they are (both sides scale with the core); memory-bound ratios {}.",
+        fp.cpu,
+        p.recorded,
+        fmt(memcpy),
+        fmt(compute),
+        fmt(balance),
+        if memory_ratios_compared {
+            format!("are compared too (balance within {:.0}%)", 100.0 * base.tolerance.balance)
+        } else {
+            format!(
+                "are reported, not gated (balance outside {:.0}% or unknown)",
+                100.0 * base.tolerance.balance
+            )
+        }
+    );
+    MachineMatch {
+        profile: Some(p.recorded.clone()),
+        memcpy_vs_profile: memcpy,
+        compute_vs_profile: compute,
+        memory_ratios_compared,
+        summary,
+    }
+}
+
+fn judge(value: f64, e: &Entry, tol: f64) -> Status {
+    let change = value / e.value - 1.0;
+    let slowdown = match e.better {
+        Better::Higher => e.value / value,
+        Better::Lower => value / e.value,
+    };
+    if !value.is_finite() || !slowdown.is_finite() || slowdown > 1.0 + tol {
+        Status::Regressed { change }
+    } else if slowdown < 1.0 / (1.0 + tol) {
+        Status::Improved { change }
+    } else {
+        Status::Ok { change }
+    }
+}
+
 /// Compares the run's gated metrics with the baseline. `skipped` maps a metric-name prefix to
 /// the reason its source did not run.
-pub fn compare(metrics: &[Metric], base: &Baseline, skipped: &[(String, String)]) -> Vec<Verdict> {
+pub fn compare(
+    metrics: &[Metric],
+    base: &Baseline,
+    machine: &Machine,
+    skipped: &[(String, String)],
+) -> (MachineMatch, Vec<Verdict>) {
+    let matched = match_machine(base, machine);
+    let profile = base.profile(&machine.fingerprint);
     let mut out = Vec::new();
     for m in metrics.iter().filter(|m| m.kind.gated()) {
-        let Some(e) = base.metrics.get(&m.name) else {
+        let entry = if m.kind == Kind::Instructions {
+            base.portable.metrics.get(&m.name)
+        } else {
+            let Some(p) = profile else {
+                out.push(Verdict {
+                    name: m.name.clone(),
+                    value: Some(m.value),
+                    base: None,
+                    tolerance: None,
+                    status: Status::NotCompared("no timing profile for this processor".into()),
+                });
+                continue;
+            };
+            p.metrics.get(&m.name)
+        };
+        let Some(e) = entry else {
             out.push(Verdict {
                 name: m.name.clone(),
                 value: Some(m.value),
@@ -155,21 +460,12 @@ pub fn compare(metrics: &[Metric], base: &Baseline, skipped: &[(String, String)]
             continue;
         };
         let tol = base.tolerance_of(e);
-        let change = m.value / e.value - 1.0;
-        let worse = match e.better {
-            Better::Higher => m.value < e.value * (1.0 - tol),
-            Better::Lower => m.value > e.value * (1.0 + tol),
-        };
-        let better = match e.better {
-            Better::Higher => m.value > e.value * (1.0 + tol),
-            Better::Lower => m.value < e.value * (1.0 - tol),
-        };
-        let status = if !m.value.is_finite() || worse {
-            Status::Regressed { change }
-        } else if better {
-            Status::Improved { change }
+        let status = if e.basis == Some(Basis::Memory) && !matched.memory_ratios_compared {
+            Status::NotCompared(
+                "memory-bound ratio on a host whose memory/compute balance differs from the profile's".into(),
+            )
         } else {
-            Status::Ok { change }
+            judge(m.value, e, tol)
         };
         out.push(Verdict {
             name: m.name.clone(),
@@ -179,7 +475,12 @@ pub fn compare(metrics: &[Metric], base: &Baseline, skipped: &[(String, String)]
             status,
         });
     }
-    for (name, e) in &base.metrics {
+    let expected = base
+        .portable
+        .metrics
+        .iter()
+        .chain(profile.into_iter().flat_map(|p| p.metrics.iter()));
+    for (name, e) in expected {
         if metrics.iter().any(|m| &m.name == name) {
             continue;
         }
@@ -198,14 +499,15 @@ pub fn compare(metrics: &[Metric], base: &Baseline, skipped: &[(String, String)]
             status,
         });
     }
-    out
+    (matched, out)
 }
 
 #[cfg(test)]
 pub(super) mod tests {
     use super::*;
 
-    /// A metric with a unit and no spread or note (shared with `confirm`'s tests).
+    /// A metric with a unit and no spread or note (shared with `confirm`'s tests); timing
+    /// ratios are core-bound.
     pub(in super::super) fn metric(name: &str, value: f64, better: Better, kind: Kind) -> Metric {
         Metric {
             name: name.into(),
@@ -213,46 +515,72 @@ pub(super) mod tests {
             unit: "x".into(),
             better,
             kind,
+            basis: (kind == Kind::Ratio).then_some(Basis::Compute),
             spread: None,
             note: String::new(),
         }
     }
 
+    /// A machine with the given processor name, memcpy GB/s and probe rate.
+    pub(in super::super) fn machine(cpu: &str, memcpy_gbs: f64, compute: f64) -> Machine {
+        Machine {
+            fingerprint: Fingerprint {
+                cpu: cpu.into(),
+                logical_cpus: 2,
+            },
+            calibration: Some(Calibration {
+                memcpy_gbs,
+                compute_gelem_s: Some(compute),
+            }),
+        }
+    }
+
+    /// A baseline accepting `ms` on the test machine `cpu`.
+    pub(in super::super) fn accept(ms: &[Metric]) -> Baseline {
+        Baseline::accept(
+            ms,
+            None,
+            &machine("cpu", 10.0, 5.0),
+            &Derived::new(),
+            "test".into(),
+        )
+    }
+
+    /// Verdicts of `run` against `b` on the test machine.
+    pub(in super::super) fn verdicts(run: &[Metric], b: &Baseline) -> Vec<Verdict> {
+        compare(run, b, &machine("cpu", 10.0, 5.0), &[]).1
+    }
+
     fn baseline() -> Baseline {
-        let ms = [
+        accept(&[
             metric("q/speed", 1.0, Better::Higher, Kind::Ratio),
             metric("q/time", 2.0, Better::Lower, Kind::Ratio),
             metric("callgrind/k", 10.0, Better::Lower, Kind::Instructions),
-        ];
-        Baseline::accept(&ms, None, "test".into())
+        ])
     }
 
     fn status(name: &str, value: f64, better: Better, kind: Kind) -> Status {
-        let b = baseline();
-        let v = compare(&[metric(name, value, better, kind)], &b, &[]);
+        let v = verdicts(&[metric(name, value, better, kind)], &baseline());
         v.into_iter().find(|v| v.name == name).unwrap().status
     }
 
     #[test]
-    fn higher_is_better_fails_only_below_tolerance() {
-        // tolerance 0.30: 0.71 passes, 0.69 fails, 1.4 is an improvement
+    fn a_slowdown_beyond_tolerance_fails_either_way_round() {
+        // tolerance 0.25: a 24% slowdown passes, 26% fails, in both directions
+        assert!(!status("q/speed", 1.0 / 1.24, Better::Higher, Kind::Ratio).fails());
+        assert!(status("q/speed", 1.0 / 1.26, Better::Higher, Kind::Ratio).fails());
+        assert!(!status("q/time", 2.0 * 1.24, Better::Lower, Kind::Ratio).fails());
+        assert!(status("q/time", 2.0 * 1.26, Better::Lower, Kind::Ratio).fails());
+        // a 30% slowdown always fails
+        assert!(status("q/speed", 1.0 / 1.3, Better::Higher, Kind::Ratio).fails());
+        assert!(status("q/time", 2.6, Better::Lower, Kind::Ratio).fails());
         assert!(matches!(
-            status("q/speed", 0.71, Better::Higher, Kind::Ratio),
-            Status::Ok { .. }
-        ));
-        assert!(status("q/speed", 0.69, Better::Higher, Kind::Ratio).fails());
-        assert!(matches!(
-            status("q/speed", 1.4, Better::Higher, Kind::Ratio),
+            status("q/speed", 1.3, Better::Higher, Kind::Ratio),
             Status::Improved { .. }
         ));
-    }
-
-    #[test]
-    fn lower_is_better_fails_only_above_tolerance() {
-        assert!(!status("q/time", 2.59, Better::Lower, Kind::Ratio).fails());
-        assert!(status("q/time", 2.61, Better::Lower, Kind::Ratio).fails());
         assert!(!status("q/time", 1.0, Better::Lower, Kind::Ratio).fails());
         assert!(status("q/time", f64::NAN, Better::Lower, Kind::Ratio).fails());
+        assert!(status("q/speed", 0.0, Better::Higher, Kind::Ratio).fails());
     }
 
     #[test]
@@ -264,36 +592,114 @@ pub(super) mod tests {
     #[test]
     fn missing_fails_unless_skipped_and_new_does_not_gate() {
         let b = baseline();
+        let here = machine("cpu", 10.0, 5.0);
         let run = [metric("q/speed", 1.0, Better::Higher, Kind::Ratio)];
-        let v = compare(&run, &b, &[]);
+        let (_, v) = compare(&run, &b, &here, &[]);
         assert!(v
             .iter()
             .any(|v| v.name == "q/time" && v.status == Status::Missing));
-        let v = compare(&run, &b, &[("callgrind/".into(), "no valgrind".into())]);
+        let (_, v) = compare(
+            &run,
+            &b,
+            &here,
+            &[("callgrind/".into(), "no valgrind".into())],
+        );
         let cg = v.iter().find(|v| v.name == "callgrind/k").unwrap();
         assert_eq!(cg.status, Status::Skipped("no valgrind".into()));
-        let v = compare(&[metric("x/new", 5.0, Better::Lower, Kind::Ratio)], &b, &[]);
+        let v = verdicts(&[metric("x/new", 5.0, Better::Lower, Kind::Ratio)], &b);
         assert_eq!(v[0].status, Status::New);
         assert!(!v[0].status.fails());
     }
 
     #[test]
-    fn absolute_metrics_never_gate_and_update_keeps_tolerances() {
+    fn reported_metrics_never_gate_and_update_keeps_tolerances() {
         let mut b = baseline();
-        b.metrics.get_mut("q/time").unwrap().tolerance = Some(0.5);
+        b.machines[0].metrics.get_mut("q/time").unwrap().tolerance = Some(0.5);
         let run = [
             metric("q/speed", 2.0, Better::Higher, Kind::Ratio),
-            metric("q/ms", 1e9, Better::Lower, Kind::Absolute),
+            metric("q/time", 2.0, Better::Lower, Kind::Ratio),
+            metric("q/ms", 1e9, Better::Lower, Kind::Reported),
         ];
-        let nb = Baseline::accept(&run, Some(&b), "now".into());
-        assert_eq!(nb.metrics["q/speed"].value, 2.0);
-        assert_eq!(nb.metrics["q/time"].tolerance, Some(0.5));
-        assert!(!nb.metrics.contains_key("q/ms"));
-        let v = compare(&run, &nb, &[]);
+        let here = machine("cpu", 10.0, 5.0);
+        let nb = Baseline::accept(&run, Some(&b), &here, &Derived::new(), "now".into());
+        let p = nb.profile(&here.fingerprint).unwrap();
+        assert_eq!(p.metrics["q/speed"].value, 2.0);
+        assert_eq!(p.metrics["q/time"].tolerance, Some(0.5));
+        assert!(!p.metrics.contains_key("q/ms"));
+        // the instruction count was not measured this time: kept
+        assert_eq!(nb.portable.metrics["callgrind/k"].value, 10.0);
+        let (_, v) = compare(&run, &nb, &here, &[]);
         assert!(v.iter().all(|v| v.name != "q/ms"));
         assert!(matches!(
             v.iter().find(|v| v.name == "q/speed").unwrap().status,
             Status::Ok { .. }
         ));
+    }
+
+    #[test]
+    fn another_processor_gets_its_own_profile_and_keeps_the_others() {
+        let b = baseline();
+        let other = machine("other cpu", 20.0, 3.0);
+        let run = [
+            metric("q/speed", 0.1, Better::Higher, Kind::Ratio), // 10x slower there
+            metric("callgrind/k", 10.0, Better::Lower, Kind::Instructions),
+        ];
+        // No profile for it: the timing ratio is reported, the instruction count gates.
+        let (m, v) = compare(&run, &b, &other, &[]);
+        assert!(m.profile.is_none());
+        assert!(m.summary.contains("No timing profile"));
+        let speed = v.iter().find(|v| v.name == "q/speed").unwrap();
+        assert!(matches!(speed.status, Status::NotCompared(_)));
+        assert!(v.iter().all(|v| !v.status.fails()), "{v:?}");
+        let bad = [metric(
+            "callgrind/k",
+            11.0,
+            Better::Lower,
+            Kind::Instructions,
+        )];
+        assert!(compare(&bad, &b, &other, &[]).1[0].status.fails());
+        // Accepting it there adds a profile and leaves the first one alone.
+        let nb = Baseline::accept(&run, Some(&b), &other, &Derived::new(), "there".into());
+        assert_eq!(nb.machines.len(), 2);
+        assert_eq!(
+            nb.profile(&machine("cpu", 1.0, 1.0).fingerprint)
+                .unwrap()
+                .metrics["q/speed"]
+                .value,
+            1.0
+        );
+        assert_eq!(
+            nb.profile(&other.fingerprint).unwrap().metrics["q/speed"].value,
+            0.1
+        );
+    }
+
+    #[test]
+    fn derived_tolerances_follow_the_spread_within_bounds() {
+        // 2% spread: floor of 10%
+        let (m, t, how) = derive_tolerance(&[1.0, 1.02, 0.99, 1.01, 1.0]).unwrap();
+        assert_eq!(m, 1.0);
+        assert_eq!(t, 0.10);
+        assert!(how.contains("5 runs"));
+        // 6% deviation: 3 x 6% = 18%
+        let (_, t, _) = derive_tolerance(&[1.0, 1.06, 1.0]).unwrap();
+        assert!((t - 0.18).abs() < 1e-9, "{t}");
+        // 20% deviation: capped at 25%, so a 30% slowdown still fails
+        let (_, t, _) = derive_tolerance(&[1.0, 1.2, 1.0]).unwrap();
+        assert_eq!(t, 0.25);
+        assert!(derive_tolerance(&[1.0]).is_none());
+        assert!(derive_tolerance(&[1.0, f64::NAN]).is_none());
+        assert!(derive_tolerance(&[1.0, 0.0]).is_none());
+    }
+
+    #[test]
+    fn derived_values_and_tolerances_are_accepted() {
+        let run = [metric("q/speed", 0.9, Better::Higher, Kind::Ratio)];
+        let mut d = Derived::new();
+        d.insert("q/speed".into(), (1.0, 0.12, "how".into()));
+        let b = Baseline::accept(&run, None, &machine("cpu", 1.0, 1.0), &d, "x".into());
+        let e = &b.machines[0].metrics["q/speed"];
+        assert_eq!((e.value, e.tolerance), (1.0, Some(0.12)));
+        assert_eq!(e.tolerance_from.as_deref(), Some("how"));
     }
 }

@@ -8,6 +8,7 @@ use std::process::Command;
 use anyhow::{bail, Context, Result};
 use serde_json::Value;
 
+use super::baseline::Fingerprint;
 use super::metric::{Better, Kind, Metric};
 
 /// `valgrind --version`, or None when valgrind is not installed.
@@ -53,7 +54,8 @@ fn callgrind_ir(bench: &Path, args: &[&str], scratch: &Path) -> Result<u64> {
 
 /// Instructions per element of every callgrind kernel of the `bench` binary: the count of a
 /// run that calls the kernel once minus that of a run that only prepares its input.
-pub fn callgrind(bench: &Path, scratch: &Path) -> Result<Vec<Metric>> {
+/// `inject` (`KERNEL=FRACTION`) is passed on: that kernel does that fraction more work.
+pub fn callgrind(bench: &Path, scratch: &Path, inject: &[String]) -> Result<Vec<Metric>> {
     let list = Command::new(bench).args(["callgrind", "--list"]).output()?;
     let list = String::from_utf8(list.stdout)?;
     let mut out = Vec::new();
@@ -63,8 +65,13 @@ pub fn callgrind(bench: &Path, scratch: &Path) -> Result<Vec<Metric>> {
             continue;
         };
         let n: f64 = n.parse().context("element count")?;
-        let with = callgrind_ir(bench, &["--kernel", kernel], scratch)?;
-        let without = callgrind_ir(bench, &["--kernel", kernel, "--setup-only"], scratch)?;
+        let mut args = vec!["--kernel", kernel];
+        for i in inject {
+            args.extend(["--inject-slowdown", i.as_str()]);
+        }
+        let with = callgrind_ir(bench, &args, scratch)?;
+        args.push("--setup-only");
+        let without = callgrind_ir(bench, &args, scratch)?;
         let per = with.saturating_sub(without) as f64 / n;
         eprintln!("  callgrind {kernel:<32} {per:8.3} instructions/element");
         out.push(Metric {
@@ -73,6 +80,7 @@ pub fn callgrind(bench: &Path, scratch: &Path) -> Result<Vec<Metric>> {
             unit: "Ir/elem".into(),
             better: Better::Lower,
             kind: Kind::Instructions,
+            basis: None,
             spread: None,
             note: format!(
                 "instructions per input element of one call on {n} f32 (callgrind, one thread)"
@@ -103,7 +111,8 @@ pub fn criterion(dir: &Path) -> Result<Vec<Metric>> {
             value: ns / 1e6,
             unit: "ms".into(),
             better: Better::Lower,
-            kind: Kind::Absolute,
+            kind: Kind::Reported,
+            basis: None,
             spread: None,
             note: "criterion median".into(),
         });
@@ -114,7 +123,8 @@ pub fn criterion(dir: &Path) -> Result<Vec<Metric>> {
                 value: b / secs / 1e9,
                 unit: "GB/s".into(),
                 better: Better::Higher,
-                kind: Kind::Absolute,
+                kind: Kind::Reported,
+                basis: None,
                 spread: None,
                 note: "criterion median throughput".into(),
             });
@@ -124,7 +134,8 @@ pub fn criterion(dir: &Path) -> Result<Vec<Metric>> {
                 value: e / secs / 1e9,
                 unit: "G/s".into(),
                 better: Better::Higher,
-                kind: Kind::Absolute,
+                kind: Kind::Reported,
+                basis: None,
                 spread: None,
                 note: "criterion median throughput (elements, or FLOPs for GEMMs)".into(),
             });
@@ -181,7 +192,8 @@ pub fn gpu(json: &Path) -> Result<Vec<Metric>> {
                 value: x,
                 unit: unit.into(),
                 better,
-                kind: Kind::Absolute,
+                kind: Kind::Reported,
+                basis: None,
                 spread: None,
                 note: "kernels-cuda gpu_bench (CUDA-event median)".into(),
             });
@@ -190,18 +202,33 @@ pub fn gpu(json: &Path) -> Result<Vec<Metric>> {
     Ok(out)
 }
 
-/// A one-line description of the machine: CPU model, logical CPUs, memory, kernel, rustc.
-pub fn machine() -> String {
-    let cpu = fs::read_to_string("/proc/cpuinfo")
+/// The processor's model name (`/proc/cpuinfo`), or the architecture elsewhere.
+fn cpu_model() -> String {
+    fs::read_to_string("/proc/cpuinfo")
         .ok()
         .and_then(|s| {
             s.lines().find_map(|l| {
                 l.strip_prefix("model name")
-                    .map(|r| r.trim_start_matches([' ', '\t', ':']).to_string())
+                    .map(|r| r.trim_start_matches([' ', '\t', ':']).trim().to_string())
             })
         })
-        .unwrap_or_else(|| std::env::consts::ARCH.to_string());
-    let cpus = std::thread::available_parallelism().map_or(0, |n| n.get());
+        .unwrap_or_else(|| std::env::consts::ARCH.to_string())
+}
+
+/// Which timing profile of the baseline this machine uses: processor model and logical CPUs.
+pub fn fingerprint() -> Fingerprint {
+    Fingerprint {
+        cpu: cpu_model(),
+        logical_cpus: std::thread::available_parallelism().map_or(0, |n| n.get()),
+    }
+}
+
+/// A one-line description of the machine: CPU model, logical CPUs, memory, kernel, rustc.
+pub fn machine() -> String {
+    let Fingerprint {
+        cpu,
+        logical_cpus: cpus,
+    } = fingerprint();
     let mem_gib = fs::read_to_string("/proc/meminfo")
         .ok()
         .and_then(|s| {
@@ -318,6 +345,6 @@ mod tests {
                 "gpu/nvfp4 rowwise/ms",
             ]
         );
-        assert!(m.iter().all(|m| m.kind == Kind::Absolute));
+        assert!(m.iter().all(|m| m.kind == Kind::Reported));
     }
 }

@@ -83,29 +83,24 @@ pub fn merge(metrics: &mut [Metric], rerun: &[Metric], names: &[String]) -> Vec<
 
 #[cfg(test)]
 mod tests {
-    use super::super::baseline::tests::metric;
-    use super::super::baseline::{compare, Baseline};
+    use super::super::baseline::tests::{accept, metric, verdicts};
     use super::*;
 
     #[test]
     fn only_failing_timing_ratios_are_confirmed_from_their_source() {
-        let base = Baseline::accept(
-            &[
-                metric("quant/k/vs_memcpy", 1.0, Better::Higher, Kind::Ratio),
-                metric("step/nvfp4/vs_fp32", 1.1, Better::Lower, Kind::Ratio),
-                metric("step/bf16/vs_fp32", 1.0, Better::Lower, Kind::Ratio),
-                metric("callgrind/k/ir", 4.0, Better::Lower, Kind::Instructions),
-            ],
-            None,
-            "test".into(),
-        );
+        let base = accept(&[
+            metric("quant/k/vs_memcpy", 1.0, Better::Higher, Kind::Ratio),
+            metric("step/nvfp4/vs_fp32", 1.1, Better::Lower, Kind::Ratio),
+            metric("step/bf16/vs_fp32", 1.0, Better::Lower, Kind::Ratio),
+            metric("callgrind/k/ir", 4.0, Better::Lower, Kind::Instructions),
+        ]);
         let run = [
             metric("quant/k/vs_memcpy", 0.5, Better::Higher, Kind::Ratio), // fails
             metric("step/nvfp4/vs_fp32", 2.0, Better::Lower, Kind::Ratio), // fails
             metric("step/bf16/vs_fp32", 1.05, Better::Lower, Kind::Ratio), // ok
             metric("callgrind/k/ir", 5.0, Better::Lower, Kind::Instructions), // fails, exact
         ];
-        let v = compare(&run, &base, &[]);
+        let v = verdicts(&run, &base);
         let (names, sources) = to_confirm(&run, &v);
         assert_eq!(names.len(), 2);
         assert!(names.contains(&"quant/k/vs_memcpy".to_string()));
@@ -118,14 +113,10 @@ mod tests {
 
     #[test]
     fn a_transient_is_forgiven_and_a_real_regression_is_not() {
-        let base = Baseline::accept(
-            &[
-                metric("quant/a/vs_memcpy", 1.0, Better::Higher, Kind::Ratio),
-                metric("step/b/vs_fp32", 1.0, Better::Lower, Kind::Ratio),
-            ],
-            None,
-            "test".into(),
-        );
+        let base = accept(&[
+            metric("quant/a/vs_memcpy", 1.0, Better::Higher, Kind::Ratio),
+            metric("step/b/vs_fp32", 1.0, Better::Lower, Kind::Ratio),
+        ]);
         let mut run = vec![
             metric("quant/a/vs_memcpy", 0.5, Better::Higher, Kind::Ratio),
             metric("step/b/vs_fp32", 1.6, Better::Lower, Kind::Ratio),
@@ -140,7 +131,7 @@ mod tests {
         assert_eq!(run[0].value, 0.95);
         assert_eq!(run[1].value, 1.5);
         assert!(run[0].note.contains("first 0.5000, second 0.9500"));
-        let v = compare(&run, &base, &[]);
+        let v = verdicts(&run, &base);
         assert!(!v[0].status.fails());
         assert!(v[1].status.fails());
     }

@@ -17,19 +17,34 @@ pub enum Better {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Kind {
-    /// A ratio of timings from the same rounds: gated with the ratio tolerance.
+    /// A ratio of timings from the same rounds whose two sides are bound by one resource (its
+    /// [`Basis`]): gated against the baseline profile of the same machine model.
     Ratio,
-    /// Instructions per element counted by callgrind: gated with the (tight) instruction tolerance.
+    /// Instructions per element counted by callgrind: the same on every machine that runs the
+    /// same binary, so gated everywhere with the (tight) instruction tolerance.
     Instructions,
-    /// An absolute figure: reported only.
-    Absolute,
+    /// An absolute figure, or a ratio across resources (a kernel over a memcpy): reported only.
+    #[serde(alias = "absolute")]
+    Reported,
 }
 
 impl Kind {
     /// Whether metrics of this kind are compared with the baseline.
     pub fn gated(self) -> bool {
-        !matches!(self, Kind::Absolute)
+        !matches!(self, Kind::Reported)
     }
+}
+
+/// The resource both sides of a gated timing ratio are bound by.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Basis {
+    /// Both sides bound by the core: the ratio carries over to a machine of the same model
+    /// whatever its clock or memory bandwidth.
+    Compute,
+    /// Both sides stream from memory: the ratio carries over only while the machine's balance
+    /// of memory bandwidth to compute is close to the baseline's.
+    Memory,
 }
 
 /// One figure, as the `bench` binary writes it.
@@ -45,6 +60,9 @@ pub struct Metric {
     pub better: Better,
     /// Gate or report.
     pub kind: Kind,
+    /// For timing ratios: the resource both sides are bound by.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub basis: Option<Basis>,
     /// Relative spread over rounds (IQR / median), where measured in rounds.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub spread: Option<f64>,

@@ -1,12 +1,16 @@
 //! `cargo xtask bench`: measures Nibble the same way every time and gates CI on it.
 //!
 //! ```text
-//! cargo xtask bench [--quick] [--update-baseline] [--update-readme] [--baseline PATH]
+//! cargo xtask bench [--quick] [--update-baseline [--runs N]] [--update-readme] [--baseline PATH]
+//!                   [--inject-slowdown KERNEL=FRACTION]
 //! ```
 //!
 //! Sources, in order:
-//! 1. `bench kernels` (the `bench` crate): quantizers vs memcpy, emulated NVFP4 GEMM vs f32,
-//!    AdamW vs an in-place pass, 2-thread vs 1-thread quantizers: same-run ratios, **gated**.
+//! 1. `bench kernels` (the `bench` crate): quantizers on an in-cache tensor vs the compute
+//!    probe, emulated NVFP4 GEMM vs f32, AdamW vs an in-place pass, 2-thread vs 1-thread
+//!    quantizers: same-run ratios, **gated** against this processor model's profile; the
+//!    machine's calibration (memcpy GB/s, probe rate) and quantizers vs memcpy on a large
+//!    tensor, reported.
 //! 2. `bench steps`: a training step of the default model per recipe (fp32, bf16,
 //!    fp8-current, mxfp8, nvfp4), step time over the FP32 step and FP32 thread scaling:
 //!    **gated** ratios, plus absolute ms and tokens/s.
@@ -17,17 +21,23 @@
 //! 5. with an NVIDIA driver: `kernels-cuda`'s `gpu_bench`, reported.
 //!
 //! Writes `target/bench/report.json` and `target/bench/report.md`, compares the gated metrics
-//! with `bench/baseline.json` and fails on a regression beyond tolerance. A timing ratio
+//! with `bench/baseline.json` (instruction counts everywhere, timing ratios against the
+//! profile of this processor model; see `baseline`) and fails on a regression beyond
+//! tolerance. A timing ratio
 //! that fails is measured once more first (its whole source, see `confirm`) and the better
 //! value is kept, so a burst of load fails the gate only if it strikes twice.
-//! `--update-baseline` accepts this run's values instead; `--update-readme` writes the
-//! performance section of the top-level README from this run.
+//! `--update-baseline` accepts this run's values instead (with `--runs N`, the timing ratios'
+//! medians over N runs and tolerances derived from their spread); `--update-readme` writes the
+//! performance section of the top-level README from this run. `--inject-slowdown` makes one
+//! kernel slower on purpose, to check that the gate catches it.
 
 mod baseline;
 mod collect;
 mod confirm;
 mod markdown;
 mod metric;
+#[cfg(test)]
+mod simulate;
 
 use std::fs;
 use std::path::{Path, PathBuf};
@@ -39,31 +49,42 @@ use serde_json::json;
 
 use crate::venv::run_cmd;
 use crate::workspace_root;
-use baseline::{compare, Baseline, Verdict};
+use baseline::{compare, derive_tolerance, Baseline, Calibration, Derived, Machine, Verdict};
 use confirm::Source;
 use metric::{Metric, SuiteReport};
 
 struct Options {
     quick: bool,
     update_baseline: bool,
+    runs: usize,
     update_readme: bool,
     baseline: PathBuf,
+    inject: Vec<String>,
 }
 
 const USAGE: &str =
-    "usage: cargo xtask bench [--quick] [--update-baseline] [--update-readme] [--baseline PATH]
+    "usage: cargo xtask bench [--quick] [--update-baseline [--runs N]] [--update-readme] [--baseline PATH]
+                         [--inject-slowdown KERNEL=FRACTION]
 
   --quick            fewer rounds, no criterion benches (what CI runs; a few minutes on 2 cores)
-  --update-baseline  accept this run's gated values into the baseline instead of gating on it
+  --update-baseline  accept this run's gated values into the baseline instead of gating on it:
+                     the instruction counts and this processor model's timing profile
+  --runs N           with --update-baseline: measure the timing sources N times (N >= 2) and
+                     accept each ratio's median with a tolerance derived from its spread
   --update-readme    write the README's performance section from this run
-  --baseline PATH    baseline file (default: bench/baseline.json)";
+  --baseline PATH    baseline file (default: bench/baseline.json)
+  --inject-slowdown KERNEL=FRACTION
+                     make one kernel of `bench kernels` slower on purpose (timing and
+                     instruction count), to see the gate fail";
 
 fn parse(args: &[String], root: &Path) -> Result<Option<Options>> {
     let mut o = Options {
         quick: false,
         update_baseline: false,
+        runs: 1,
         update_readme: false,
         baseline: root.join("bench").join("baseline.json"),
+        inject: Vec::new(),
     };
     let mut it = args.iter();
     while let Some(a) = it.next() {
@@ -74,12 +95,28 @@ fn parse(args: &[String], root: &Path) -> Result<Option<Options>> {
             "--baseline" => {
                 o.baseline = PathBuf::from(it.next().context("--baseline needs a path")?)
             }
+            "--runs" => {
+                let n = it.next().context("--runs needs a number")?;
+                o.runs = n
+                    .parse()
+                    .ok()
+                    .filter(|n| (2..=20).contains(n))
+                    .with_context(|| format!("--runs {n:?}: expected a number from 2 to 20"))?;
+            }
+            "--inject-slowdown" => o.inject.push(
+                it.next()
+                    .context("--inject-slowdown needs KERNEL=FRACTION")?
+                    .clone(),
+            ),
             "-h" | "--help" => {
                 println!("{USAGE}");
                 return Ok(None);
             }
             other => bail!("unknown argument {other:?}\n{USAGE}"),
         }
+    }
+    if o.runs > 1 && !o.update_baseline {
+        bail!("--runs derives a baseline's tolerances: it needs --update-baseline");
     }
     Ok(Some(o))
 }
@@ -103,14 +140,17 @@ fn measure(
     bench: &Path,
     out: &Path,
     source: Source,
-    rounds: usize,
-    scaling_rounds: usize,
+    (rounds, scaling_rounds): (usize, usize),
+    inject: &[String],
 ) -> Result<Vec<Metric>> {
     let rounds = rounds.to_string();
     let mut cmd = Command::new(bench);
     let json = match source {
         Source::Kernels => {
             cmd.args(["kernels", "--rounds", &rounds]);
+            for i in inject {
+                cmd.args(["--inject-slowdown", i]);
+            }
             out.join("kernels.json")
         }
         Source::Steps => {
@@ -156,13 +196,23 @@ pub fn run(args: &[String]) -> Result<()> {
     let mut metrics = Vec::new();
     let mut skipped: Vec<(String, String)> = Vec::new();
 
+    let rounds_of = |s: Source| match s {
+        Source::Kernels => (kernel_rounds, scaling_rounds),
+        Source::Steps => (step_rounds, scaling_rounds),
+    };
+    if !opts.inject.is_empty() {
+        println!(
+            "== INJECTED SLOWDOWN (on purpose, to check the gate): {}",
+            opts.inject.join(", ")
+        );
+    }
     println!("== kernels: quantizers, GEMM, AdamW ({kernel_rounds} paired rounds)");
     metrics.extend(measure(
         &bench,
         &out,
         Source::Kernels,
-        kernel_rounds,
-        scaling_rounds,
+        rounds_of(Source::Kernels),
+        &opts.inject,
     )?);
 
     println!("== training steps per recipe ({step_rounds} interleaved rounds), thread scaling");
@@ -170,14 +220,48 @@ pub fn run(args: &[String]) -> Result<()> {
         &bench,
         &out,
         Source::Steps,
-        step_rounds,
-        scaling_rounds,
+        rounds_of(Source::Steps),
+        &[],
     )?);
+
+    // --update-baseline --runs N: the timing sources N - 1 times more, for medians and spreads.
+    let mut derived = Derived::new();
+    if opts.runs > 1 {
+        let mut samples: std::collections::BTreeMap<String, Vec<f64>> = metrics
+            .iter()
+            .filter(|m| m.kind == metric::Kind::Ratio)
+            .map(|m| (m.name.clone(), vec![m.value]))
+            .collect();
+        for run in 2..=opts.runs {
+            println!(
+                "== tolerance derivation: timing sources, run {run} of {}",
+                opts.runs
+            );
+            for s in [Source::Kernels, Source::Steps] {
+                for m in measure(&bench, &out, s, rounds_of(s), &opts.inject)? {
+                    if let Some(v) = samples.get_mut(&m.name) {
+                        v.push(m.value);
+                    }
+                }
+            }
+        }
+        for (name, values) in &samples {
+            if let Some(d) = derive_tolerance(values) {
+                println!(
+                    "  {name:<48} median {:.4}, tolerance {:.0}% ({} values)",
+                    d.0,
+                    100.0 * d.1,
+                    values.len()
+                );
+                derived.insert(name.clone(), d);
+            }
+        }
+    }
 
     match collect::valgrind_version() {
         Some(v) => {
             println!("== callgrind instruction counts ({v})");
-            metrics.extend(collect::callgrind(&bench, &out)?);
+            metrics.extend(collect::callgrind(&bench, &out, &opts.inject)?);
         }
         None => {
             let why = "valgrind is not installed; instruction counts not measured".to_string();
@@ -259,9 +343,13 @@ pub fn run(args: &[String]) -> Result<()> {
     } else {
         None
     };
-    let mut verdicts: Vec<Verdict> = match &old {
-        Some(b) => compare(&metrics, b, &skipped),
-        None => Vec::new(),
+    let machine = this_machine(&metrics);
+    let (mut matched, mut verdicts) = match &old {
+        Some(b) => {
+            let (m, v) = compare(&metrics, b, &machine, &skipped);
+            (Some(m), v)
+        }
+        None => (None, Vec::new()),
     };
     let (suspects, sources) = confirm::to_confirm(&metrics, &verdicts);
     if let (Some(b), false, false) = (&old, suspects.is_empty(), opts.update_baseline) {
@@ -272,16 +360,13 @@ pub fn run(args: &[String]) -> Result<()> {
         );
         let mut rerun = Vec::new();
         for s in sources {
-            let rounds = match s {
-                Source::Kernels => kernel_rounds,
-                Source::Steps => step_rounds,
-            };
-            rerun.extend(measure(&bench, &out, s, rounds, scaling_rounds)?);
+            rerun.extend(measure(&bench, &out, s, rounds_of(s), &opts.inject)?);
         }
         for line in confirm::merge(&mut metrics, &rerun, &suspects) {
             println!("  {line}");
         }
-        verdicts = compare(&metrics, b, &skipped);
+        let (m, v) = compare(&metrics, b, &machine, &skipped);
+        (matched, verdicts) = (Some(m), v);
     }
     let run = markdown::RunInfo {
         mode: mode.into(),
@@ -297,6 +382,8 @@ pub fn run(args: &[String]) -> Result<()> {
             .display()
             .to_string(),
         has_baseline: old.is_some(),
+        machine_match: matched.as_ref().map(|m| m.summary.clone()),
+        injected: opts.inject.clone(),
     };
     let report = json!({
         "mode": run.mode,
@@ -304,6 +391,10 @@ pub fn run(args: &[String]) -> Result<()> {
         "git": run.git,
         "machine": run.machine,
         "load_average": {"start": run.load.0, "end": run.load.1},
+        "fingerprint": {"cpu": machine.fingerprint.cpu, "logical_cpus": machine.fingerprint.logical_cpus},
+        "calibration": machine.calibration,
+        "machine_match": run.machine_match,
+        "injected_slowdown": opts.inject,
         "seconds": run.seconds,
         "skipped": skipped.iter().map(|(s, why)| json!({"source": s, "reason": why})).collect::<Vec<_>>(),
         "metrics": metrics,
@@ -315,6 +406,9 @@ pub fn run(args: &[String]) -> Result<()> {
     )?;
     let md = markdown::report(&run, &metrics, &verdicts, &skipped);
     fs::write(out.join("report.md"), &md)?;
+    if let Some(m) = &run.machine_match {
+        println!("\n{m}");
+    }
     println!("\n{}", markdown::summary(&verdicts));
     println!(
         "wrote {} and report.md ({:.0} s)",
@@ -330,18 +424,32 @@ pub fn run(args: &[String]) -> Result<()> {
         println!("updated the performance section of {}", readme.display());
     }
     if opts.update_baseline {
+        if !opts.inject.is_empty() {
+            bail!("refusing to accept a baseline measured with an injected slowdown");
+        }
+        let runs = if opts.runs > 1 {
+            format!(", timing ratios: medians of {} runs", opts.runs)
+        } else {
+            String::new()
+        };
         let b = Baseline::accept(
             &metrics,
             old.as_ref(),
+            &machine,
+            &derived,
             format!(
-                "{} on {} (git {}, {mode} run)",
+                "{} on {} (git {}, {mode} run{runs})",
                 run.date, run.machine, run.git
             ),
         );
         fs::write(&opts.baseline, serde_json::to_string_pretty(&b)? + "\n")?;
+        let timing = b
+            .profile(&machine.fingerprint)
+            .map_or(0, |p| p.metrics.len());
         println!(
-            "accepted {} gated metrics into {}",
-            b.metrics.len(),
+            "accepted {} instruction counts and {timing} timing ratios ({}) into {}",
+            b.portable.metrics.len(),
+            machine.fingerprint.cpu,
             opts.baseline.display()
         );
         return Ok(());
@@ -363,6 +471,25 @@ pub fn run(args: &[String]) -> Result<()> {
     }
     Ok(())
 }
+
+/// This run's machine: processor model and logical CPUs, and the calibration the kernel suite
+/// measured.
+fn this_machine(metrics: &[Metric]) -> Machine {
+    let find = |name: &str| metrics.iter().find(|m| m.name == name).map(|m| m.value);
+    Machine {
+        fingerprint: collect::fingerprint(),
+        calibration: find(MEMCPY_GBS).map(|memcpy_gbs| Calibration {
+            memcpy_gbs,
+            compute_gelem_s: find(COMPUTE_GELEM_S),
+        }),
+    }
+}
+
+/// Name of the memory calibration in the kernel suite's metrics.
+const MEMCPY_GBS: &str = "machine/memcpy_gbs";
+
+/// Name of the compute calibration in the kernel suite's metrics.
+const COMPUTE_GELEM_S: &str = "machine/compute_probe_gelem_s";
 
 /// The current UTC time as `YYYY-MM-DDTHH:MM:SSZ`.
 fn utc_now() -> String {
