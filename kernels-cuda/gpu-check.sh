@@ -95,7 +95,8 @@ status=0
 note() { echo "$*" | tee -a "$SUMMARY"; }
 T0=$(date +%s)
 
-# cuBLASLt (and cuBLAS, NVRTC) come from the image's Python nvidia wheels (toolchain.md 1.5):
+# cuBLASLt (and cuBLAS, NVRTC) come from the image's Python nvidia wheels
+# (docs/architecture.md#libraries-on-the-gpu-machine):
 # every site-packages directory python3 knows, then the toolkit's lib64 as a fallback. Stub
 # directories are left out: a stub libcuda.so found before the driver's libcuda.so.1 would
 # make cuInit fail and every test skip. The driver itself (libcuda.so.1) comes from the system.

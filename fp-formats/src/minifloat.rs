@@ -121,7 +121,7 @@ impl Spec {
     fn encode_nan(&self, neg: bool) -> u16 {
         match self.nan_code {
             Some(n) => n | if neg { self.sign_bit } else { 0 },
-            // No NaN in the format: hardware satfinite gives +max (numerics-spec 1.2).
+            // No NaN in the format: hardware satfinite gives +max (docs/numerics.md#saturation-and-special-values).
             None => self.max_code,
         }
     }

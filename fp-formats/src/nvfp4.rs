@@ -1,6 +1,6 @@
 //! NVFP4: E2M1 elements in blocks of 16 along a row, one UE4M3 scale per block and one FP32
 //! per-tensor scale derived from the tensor's amax, with Transformer Engine's exact f32
-//! operation order (numerics-spec 2.2).
+//! operation order (docs/numerics.md#nvfp4).
 //!
 //! ```text
 //! S_enc = fl(2688 / amax)            (min FLT_MAX; 1 when amax is 0 or +Inf)
@@ -133,7 +133,7 @@ impl Nvfp4Matrix {
 
     /// How many elements of `data` (the matrix this was quantized from) were clipped: their
     /// scaled magnitude `|x * enc_b|` exceeded 6 (this happens when the block scale rounds
-    /// down, see numerics-spec 2.2).
+    /// down, see docs/numerics.md#nvfp4-block-scale).
     ///
     /// # Panics
     /// If `data.len() != rows * cols`.

@@ -7,7 +7,7 @@
 /// depend on the sign, exactly as IEEE 754 defines them.
 ///
 /// `Stochastic(r)` consumes 8 caller-supplied random bits per element and follows the
-/// hardware rule (numerics-spec 1.8): with `f` the fractional position of `|x|` between its
+/// hardware rule (docs/numerics.md#stochastic-rounding): with `f` the fractional position of `|x|` between its
 /// lower neighbour `lo` and upper neighbour `hi`, the result is `hi` exactly when
 /// `r + floor(256 f) >= 256`, so `P(hi) = floor(256 f) / 256`. The rounding is therefore
 /// biased toward zero by less than `(hi - lo) / 256` per element (never away from zero),

@@ -1,6 +1,7 @@
 //! The vectorised fast paths (slice encoders and decoders, the NVFP4 and MX matrix
 //! quantizers and dequantizers) against references built here from the generic bit-exact
-//! encoder `ElementFormat::from_f32` and the formulas of numerics-spec 2.2 / 1.6.
+//! encoder `ElementFormat::from_f32` and the formulas of docs/numerics.md#nvfp4-block-scale and
+//! docs/numerics.md#scale-rules.
 //!
 //! The library picks AVX2 kernels at run time when the CPU has them; run this file a second
 //! time with `FP_FORMATS_FORCE_PORTABLE=1` to check the portable fallback end to end.
@@ -163,7 +164,7 @@ fn slice_encoder_checks_the_output_length() {
     E2M1::encode_slice_packed(&[1.0, 2.0, 3.0], &mut [0u8; 1]);
 }
 
-/// NVFP4 from the spec (numerics-spec 2.2), with the generic encoders only.
+/// NVFP4 from its definition (docs/numerics.md#nvfp4), with the generic encoders only.
 fn nvfp4_reference(x: &[f32], rows: usize, cols: usize) -> (Vec<u8>, Vec<u8>) {
     let amax = abs_max(x);
     let mut s_enc = (2688.0f32 / amax).min(f32::MAX);

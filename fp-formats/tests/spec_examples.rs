@@ -1,4 +1,4 @@
-//! The worked examples of numerics-spec section 10 for the block formats.
+//! The worked examples of docs/numerics.md for the block formats (#worked-examples, #scale-rules).
 
 use fp_formats::mx::{self, MxElement, MxOptions, ScaleRule};
 use fp_formats::nvfp4::{self, GlobalScale, Nvfp4Options};

@@ -1,4 +1,4 @@
-//! The worked values of numerics-spec section 10 (test vectors), written out by hand, plus
+//! Worked values of the element formats and scale rules (docs/numerics.md), written out by hand, plus
 //! the crate-defined NaN policy of the formats without NaN (which the golden tables cannot
 //! cover: ml_dtypes leaves it undefined).
 
@@ -169,7 +169,7 @@ fn nan_to_positive_max_without_nan_encoding() {
     }
 }
 
-/// FP6 cast examples quoted in numerics-spec 1.3 (ONNX float6.md).
+/// FP6 cast examples from ONNX's float6.md (docs/numerics.md#e2m3-and-e3m2-fp6).
 #[test]
 fn fp6_examples() {
     assert_eq!(E2M3::from_f32(25.0, RNE, SAT).to_f32(), 7.5);

@@ -213,7 +213,7 @@ extern "C" __global__ void __launch_bounds__(256) nb_f32_to_bf16(const float* __
   }
 }
 
-// Scale-factor swizzle for the Blackwell block-scaled GEMM (numerics-spec 2.3): the scale
+// Scale-factor swizzle for the Blackwell block-scaled GEMM (docs/numerics.md#scale-swizzle): the scale
 // matrix [rows, scale_cols] goes into 128x4 tiles of a [round_up(rows, 128), round_up(scale_cols,
 // 4)] buffer (which must be zeroed first) at
 // ((rb * cbg_cnt + cbg) * 32 + d3) * 16 + d4 * 4 + d5 (kernels-cuda/src/swizzle.rs).

@@ -1,7 +1,7 @@
 //! Finding a usable GPU without ever panicking.
 //!
 //! cudarc with `dynamic-loading` resolves the driver lazily and **panics** when `libcuda`
-//! cannot be loaded (shared/docs/toolchain.md 1.3). [`probe`] therefore asks
+//! cannot be loaded (docs/architecture.md#no-driver-no-panic). [`probe`] therefore asks
 //! `cudarc::driver::sys::is_culib_present()` first (it only `dlopen`s candidate library names),
 //! then `cuInit` + `cuDeviceGetCount`, and only then creates a context.
 

@@ -1,5 +1,5 @@
 //! The block-scale layout of the Blackwell block-scaled GEMM (cuBLASLt `VEC16_UE4M3` /
-//! `VEC32_UE8M0` scale modes; numerics-spec 2.3), as a CPU function.
+//! `VEC32_UE8M0` scale modes; docs/numerics.md#scale-swizzle), as a CPU function.
 //!
 //! A scale matrix `[rows, scale_cols]` (one byte per block, row-major, the layout of
 //! `quant::QuantizedTensor::scales`) is zero-padded to `[round_up(rows, 128),
@@ -82,7 +82,7 @@ pub fn unswizzle_scales(swizzled: &[u8], rows: usize, scale_cols: usize) -> Vec<
 mod tests {
     use super::*;
 
-    /// The spec's formula, written out literally (numerics-spec 2.3).
+    /// The documented formula, written out literally (docs/numerics.md#scale-swizzle).
     fn spec_offset(r: usize, c: usize, cols_of_scale: usize) -> usize {
         let rb = r / 128;
         let rem = r % 128;

@@ -1,8 +1,8 @@
 //! Quantization settings as plain data, so that a whole training recipe is a value.
 //!
 //! An [`OperandQuant`] says how one GEMM operand is quantized; a [`GemmPolicy`] holds the six
-//! operand settings of a linear layer's three GEMMs (see `architecture.md`, "The precision
-//! model"):
+//! operand settings of a linear layer's three GEMMs (see
+//! docs/numerics.md#the-precision-model):
 //!
 //! | GEMM  | computes      | operand A            | operand B            |
 //! |-------|---------------|----------------------|----------------------|
@@ -67,7 +67,7 @@ pub enum Rht {
     RandomSigns,
 }
 
-/// How a per-tensor FP8 scale is chosen (numerics-spec section 5).
+/// How a per-tensor FP8 scale is chosen (docs/numerics.md#per-tensor-fp8).
 #[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case", tag = "kind")]
 pub enum Fp8Scaling {
@@ -99,7 +99,7 @@ pub enum AmaxAlgo {
     MostRecent,
 }
 
-/// The Four Over Six candidate selection for NVFP4 (numerics-spec 6.4): each block is
+/// The Four Over Six candidate selection for NVFP4 (docs/numerics.md#four-over-six): each block is
 /// quantized with its maximum mapped to 6 and to 4, and the candidate with the lower error
 /// is kept.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -288,7 +288,7 @@ impl GemmPolicy {
     /// BF16 GEMM inputs (the baseline recipe).
     pub const BF16: GemmPolicy = GemmPolicy::uniform(OperandQuant::BF16);
 
-    /// The NVFP4 paper recipe (numerics-spec 2.10): Fprop X 1x16 RNE, W 16x16 RNE;
+    /// The NVFP4 paper recipe (docs/numerics.md#the-nvfp4-recipe-per-operand): Fprop X 1x16 RNE, W 16x16 RNE;
     /// Dgrad dY 1x16 SR, W 16x16 RNE; Wgrad dY 1x16 SR + RHT, X 1x16 RNE + RHT.
     pub const fn nvfp4_paper() -> Self {
         let act = OperandQuant::nvfp4();

@@ -15,7 +15,7 @@
 //!
 //! Unscaled values are exact in f32, so an emulated GEMM of two fake-quantized operands
 //! followed by the product of the factors in the epilogue models the hardware GEMM
-//! (numerics-spec 2.3) up to accumulation order.
+//! (docs/numerics.md#the-quantized-gemm) up to accumulation order.
 //!
 //! ```
 //! use fp_formats::mx::{MxElement, ScaleRule};

@@ -1,4 +1,4 @@
-//! Per-tensor FP8 (numerics-spec section 5): one FP32 scale per tensor, E4M3 or E5M2 codes,
+//! Per-tensor FP8 (docs/numerics.md#per-tensor-fp8): one FP32 scale per tensor, E4M3 or E5M2 codes,
 //! one byte per element, with Transformer Engine's current and delayed scaling.
 //!
 //! * **Current scaling** (`Float8CurrentScaling`): the scale comes from the tensor being
@@ -65,7 +65,7 @@ pub const fn fp8_max(element: Fp8Element) -> f32 {
     }
 }
 
-/// Transformer Engine's `compute_scale_from_amax` (numerics-spec 5.2) with `epsilon = 0`:
+/// Transformer Engine's `compute_scale_from_amax` (docs/numerics.md#current-scaling) with `epsilon = 0`:
 /// an amax of 0, ±Inf or NaN gives scale 1; otherwise `scale = fl(fp8_max / amax)` (one
 /// correctly rounded f32 division, CUDA `__fdiv_rn`); an infinite result becomes `f32::MAX`;
 /// with `power_of_two` the mantissa bits are cleared (rounding the scale down to a power of

@@ -1,5 +1,5 @@
 //! The 16-point random Hadamard transform (RHT) applied to the Wgrad operands before NVFP4
-//! quantization (numerics-spec 2.5).
+//! quantization (docs/numerics.md#random-hadamard-transform).
 //!
 //! `H = (1/4) · diag(s) · H16`, with `H16` the Sylvester Hadamard matrix
 //! (`H1 = [1]`, `H2n = [[Hn, Hn], [Hn, -Hn]]`, so `H16[i][j] = (-1)^popcount(i & j)`), is

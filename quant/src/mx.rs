@@ -45,7 +45,7 @@
 //! `P(up) = floor(256 f) / 256`. Values beyond the element maximum saturate, which biases
 //! SR under FLOOR scales (up to `amax / 2^b ∈ [2^emax, 2^(emax+1))` exceeds the maximum).
 //!
-//! **`sr_prescale`** (Tseng, Yu, Park, arXiv 2502.20586; numerics-spec 1.8): the scaled block
+//! **`sr_prescale`** (Tseng, Yu, Park, arXiv 2502.20586; docs/numerics.md#prescaled-stochastic-rounding): the scaled block
 //! is multiplied by 3/4 before SR, `y = fl(x · (3/4 · 2^(127 - b)))`. For every rule and
 //! element this keeps `|y| ≤ 3/4 · 2^(emax+1) ≤ F::MAX` (E2M1: `[4, 8) → [3, 6)`), so
 //! nothing clips; the tensor's `tensor_scale_inv` is `fl(4/3)` and dequantization (or the

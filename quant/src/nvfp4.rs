@@ -1,5 +1,5 @@
-//! NVFP4 tensor quantization with Transformer Engine's exact semantics (numerics-spec 2.2-2.6,
-//! 6.4): rowwise and columnwise (transposed) copies, 1x16 blocks or 16x16 tiles, the 16-point
+//! NVFP4 tensor quantization with Transformer Engine's exact semantics (docs/numerics.md#nvfp4):
+//! rowwise and columnwise (transposed) copies, 1x16 blocks or 16x16 tiles, the 16-point
 //! random Hadamard transform, stochastic rounding from the Philox stream and Four Over Six.
 //!
 //! # Semantics
@@ -37,7 +37,7 @@
 //!   the operand's [`RngKey`] ([`crate::philox`]; element index = flat index in the stored,
 //!   padded layout), i.e. exactly
 //!   `E2M1::from_f32(y, Rounding::Stochastic(r), Overflow::Saturate)`.
-//! * **Four Over Six** (TE's `nvfp4_4over6`, numerics-spec 6.4): the global bound is 256
+//! * **Four Over Six** (TE's `nvfp4_4over6`, docs/numerics.md#four-over-six): the global bound is 256
 //!   (`S_enc = fl(1536 / amax)`) when `e4m3_bound_256`, else 448. Per block (or tile) with
 //!   amax `a`: `base = fl(fl(a / 6) · S_enc)`, candidate scales `UE4M3(min(fl(1.5 · base),
 //!   448))` (map to 4) and `UE4M3(min(base, 448))` (map to 6), each with its own `enc` and
@@ -883,7 +883,7 @@ fn quantize_impl(
 /// factor, `e2m1(code) · s_b` (exact in f32), into `out` in the stored layout with the
 /// logical stored shape (`rows x cols` for rowwise, `cols x rows` for columnwise; padding
 /// dropped). Returns the per-tensor factor `S_dec` that the emulated GEMM applies in its
-/// epilogue (`α = S_dec,A · S_dec,B`, numerics-spec 2.3). `out[i] · S_dec` (one f32
+/// epilogue (`α = S_dec,A · S_dec,B`, docs/numerics.md#the-quantized-gemm). `out[i] · S_dec` (one f32
 /// multiply) equals [`dequantize`]'s value bit for bit.
 ///
 /// # Errors

@@ -2,7 +2,7 @@
 //! every linear layer), where `Â`, `B̂` are the operands fake-quantized along K without
 //! their per-tensor factors (exact in f32, see [`crate::fake`]) and
 //! `α = factor_A · factor_B` (NVFP4 `S_dec,A · S_dec,B`, FP8 `scale_inv_A · scale_inv_B`,
-//! numerics-spec 2.3) is applied to the f32 accumulator in a separate epilogue pass, as the
+//! docs/numerics.md#the-quantized-gemm) is applied to the f32 accumulator in a separate epilogue pass, as the
 //! hardware does. This models the hardware GEMM up to the f32 accumulation order.
 //!
 //! * An [`Operand`] is a row-major `[rows, cols]` tensor and a [`Usage`]: rowwise, the GEMM
@@ -188,7 +188,7 @@ impl<'a> FakeOperand<'a> {
 /// Whether the columnwise fake quantization with `q` of any tensor is exactly the transpose
 /// of its rowwise fake quantization (values and factor), so that one result can serve both
 /// usages: NVFP4 with 16x16 tiles, round-to-nearest, no Hadamard transform and no Four Over
-/// Six (numerics-spec 2.4: the tile scales and the global amax do not depend on the
+/// Six (docs/numerics.md#1x16-blocks-and-16x16-tiles: the tile scales and the global amax do not depend on the
 /// orientation), and BF16 with round-to-nearest (elementwise). Stochastic rounding is
 /// excluded (its random bits follow the stored layout and the operand's stream), as are the
 /// formats whose blocks run along K (1x16, MX) or that keep per-operand state (FP8).

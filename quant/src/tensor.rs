@@ -4,7 +4,7 @@ use crate::config::{BlockShape, QuantFormat, Usage};
 
 /// A quantized 2D operand.
 ///
-/// Layout (the "standard storage" of `architecture.md`):
+/// Layout (docs/architecture.md#standard-storage):
 /// * `rows x cols` is the **stored** logical shape: the tensor's own shape for
 ///   [`Usage::Rowwise`], the transposed shape for [`Usage::Columnwise`].
 /// * Block formats pad the stored shape with zeros to `padded_rows x padded_cols`, as

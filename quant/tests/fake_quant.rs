@@ -196,7 +196,7 @@ fn validation_rules() {
 #[test]
 fn stats_clipping_and_flushing() {
     let key = RngKey::default();
-    // numerics-spec 10 NVFP4 clipping example: amax_g = 2688, block [546, 0 x 15] -> scale 88,
+    // The NVFP4 clipping example of docs/numerics.md#worked-examples: amax_g = 2688, block [546, 0 x 15] -> scale 88,
     // 546 clips to 528.
     let mut x = vec![0.0f32; 32];
     x[0] = 546.0;

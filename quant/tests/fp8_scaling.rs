@@ -1,6 +1,6 @@
 //! Per-tensor FP8 (current and delayed scaling), BF16 and F32: golden data from a numpy +
 //! ml_dtypes transcription of Transformer Engine (tests/data/fp8_golden.bin), the delayed
-//! scaling checks of numerics-spec 10, and layout / rounding / thread-count properties.
+//! scaling examples of docs/numerics.md#delayed-scaling, and layout / rounding / thread-count properties.
 
 use fp_formats::{bf16_from_f32, ElementFormat, Overflow, Rounding, E4M3, E5M2};
 use quant::fp8::{self, compute_scale_from_amax};
@@ -116,7 +116,7 @@ fn compute_scale_edge_cases() {
     );
 }
 
-/// numerics-spec 10: history [.., 3.5, 7.0, 1.0], E4M3, margin 0, max -> 64; margin 1 -> 32;
+/// docs/numerics.md#delayed-scaling: history [.., 3.5, 7.0, 1.0], E4M3, margin 0, max -> 64; margin 1 -> 32;
 /// most recent -> 448; E5M2 -> 57344 / 7.
 #[test]
 fn delayed_scaling_spec_checks() {

@@ -1,5 +1,5 @@
-//! The 16-point random Hadamard transform: the matrix, the section-10 golden vectors of
-//! numerics-spec, and the Wgrad invariance `RHT(dYᵀ) · RHT(Xᵀ)ᵀ ≈ dYᵀ X`.
+//! The 16-point random Hadamard transform: the matrix, the worked vectors of
+//! docs/numerics.md#random-hadamard-transform, and the Wgrad invariance `RHT(dYᵀ) · RHT(Xᵀ)ᵀ ≈ dYᵀ X`.
 
 use quant::gemm::matmul_tn;
 use quant::hadamard::{

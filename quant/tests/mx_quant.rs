@@ -53,7 +53,7 @@ fn prescaled(element: MxElement, rule: ScaleRule) -> OperandQuant {
 
 #[test]
 fn spec_scale_examples() {
-    // numerics-spec 10: amax 449 / 500 (E4M3) and 7 (E2M1) clip under FLOOR, not under RCEIL.
+    // docs/numerics.md#scale-rules: amax 449 / 500 (E4M3) and 7 (E2M1) clip under FLOOR, not under RCEIL.
     let key = RngKey::default();
     for (element, amax, floor_code) in [
         (MxElement::E4M3, 449.0f32, 0x7Eu8),

@@ -1,4 +1,4 @@
-//! `quant::nvfp4`: the numerics-spec section 10 worked examples as direct assertions, the
+//! `quant::nvfp4`: the worked examples of docs/numerics.md#worked-examples as direct assertions, the
 //! layout and padding rules, the 16x16 transpose property, errors, the agreement of the
 //! packed / fake-quantized / dequantized paths, and independence from the thread count.
 
@@ -75,7 +75,7 @@ fn scale(t: &QuantizedTensor, r: usize, c: usize) -> u8 {
 }
 
 // ----------------------------------------------------------------------------------------
-// numerics-spec section 10
+// docs/numerics.md#worked-examples
 // ----------------------------------------------------------------------------------------
 
 #[test]

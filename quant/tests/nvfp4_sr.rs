@@ -1,5 +1,5 @@
 //! Stochastic rounding in `quant::nvfp4`: every element uses exactly its documented Philox
-//! byte, the rounding is unbiased within the documented bound (numerics-spec 10), the mean
+//! byte, the rounding is unbiased within the documented bound (docs/numerics.md#stochastic-rounding), the mean
 //! of many SR quantizations beats one RNE quantization (Transformer Engine's own test), and
 //! the bits depend only on (seed, stream, element index).
 
@@ -107,7 +107,7 @@ fn codes_use_the_documented_bytes() {
     }
 }
 
-/// numerics-spec 10: over all 256 random bytes the mean of SR(y) is `y - δ` with
+/// docs/numerics.md#stochastic-rounding: over all 256 random bytes the mean of SR(y) is `y - δ` with
 /// `0 <= δ < step / 256` (for `|y| <= 6`, magnitude-wise), e.g. SR(1.2) = 1.199219.
 #[test]
 fn per_element_unbiased_within_bound() {

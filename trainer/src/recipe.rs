@@ -17,7 +17,7 @@
 //!
 //! [`Recipe::builtin`] knows [`BUILTIN_NAMES`]; `trainer recipes show NAME` prints any of them
 //! as TOML. In every recipe below except `fp32`, the LM head is a BF16 GEMM and attention
-//! matmuls run in BF16 (numerics-spec 2.7).
+//! matmuls run in BF16 (docs/numerics.md#what-stays-in-high-precision).
 //!
 //! | name | linear layers |
 //! |---|---|
@@ -25,9 +25,9 @@
 //! | `bf16` | BF16 GEMM inputs (the baseline) |
 //! | `fp8-delayed` | per-tensor FP8 HYBRID: E4M3 for X and W, E5M2 for dY; delayed scaling, margin 0, `max` over an amax history of **16** steps (Transformer Engine's default is 1024, tuned for runs of many thousands of steps; on the short runs this crate targets a 1024-step window would pin every scale to the largest amax of nearly the whole run) |
 //! | `fp8-current` | per-tensor FP8 HYBRID with current scaling (scale from this step's amax) |
-//! | `mxfp8` | MXFP8 E4M3 for all six operands, RCEIL (round-up) E8M0 scales (Mishra et al., numerics-spec 4) |
-//! | `mxfp4` | Tseng et al. (numerics-spec 6.1): Fprop in BF16; Dgrad and Wgrad operands in MXFP4 (OCP FLOOR scales) with stochastic rounding and the 3/4 prescale; 16-point RHT on both Wgrad operands |
-//! | `nvfp4` | the NVFP4 paper recipe (numerics-spec 2.4-2.10): X 1x16 RNE, W 16x16 RNE, dY 1x16 SR; RHT on both Wgrad operands; first 1 and last 1 blocks in BF16; all GEMMs switch to BF16 after 80% of the tokens |
+//! | `mxfp8` | MXFP8 E4M3 for all six operands, RCEIL (round-up) E8M0 scales (Mishra et al.; docs/numerics.md#scale-rules) |
+//! | `mxfp4` | Tseng et al. (docs/numerics.md#prescaled-stochastic-rounding): Fprop in BF16; Dgrad and Wgrad operands in MXFP4 (OCP FLOOR scales) with stochastic rounding and the 3/4 prescale; 16-point RHT on both Wgrad operands |
+//! | `nvfp4` | the NVFP4 paper recipe (docs/numerics.md#the-nvfp4-recipe-per-operand): X 1x16 RNE, W 16x16 RNE, dY 1x16 SR; RHT on both Wgrad operands; first 1 and last 1 blocks in BF16; all GEMMs switch to BF16 after 80% of the tokens |
 //! | `nvfp4-no-rht` | `nvfp4` without the Wgrad RHT |
 //! | `nvfp4-no-sr` | `nvfp4` with nearest-even gradients |
 //! | `nvfp4-no-2d` | `nvfp4` with 1x16 (not 16x16) weight blocks |
@@ -329,7 +329,7 @@ impl LayerOverride {
     }
 }
 
-/// A late switch to another policy (numerics-spec 2.8).
+/// A late switch to another policy (docs/numerics.md#bf16-tail).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Schedule {

@@ -175,7 +175,7 @@ fn nvfp4_paper_recipe_per_layer() {
         }
     }
     assert_eq!(r.policy_for(0, n, LayerKind::LmHead, 0.0), GemmPolicy::BF16);
-    // The paper's operand table (numerics-spec 2.10).
+    // The paper's operand table (docs/numerics.md#the-nvfp4-recipe-per-operand).
     assert_eq!(nv.fprop.b.block, BlockShape::Tile16);
     assert_eq!(nv.dgrad.a.rounding, RoundingMode::Stochastic);
     assert_eq!(

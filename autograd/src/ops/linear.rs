@@ -1,5 +1,5 @@
 //! The quantized linear layer `Y = X Wᵀ (+ b)`, its three GEMMs driven by a
-//! [`quant::GemmPolicy`] (architecture.md, "The precision model"; numerics-spec 2.10):
+//! [`quant::GemmPolicy`] (docs/numerics.md#the-precision-model):
 //!
 //! | GEMM  | computes        | operand A (policy)              | operand B (policy)            |
 //! |-------|-----------------|---------------------------------|-------------------------------|
@@ -203,7 +203,7 @@ impl Graph<'_> {
         let mut y = self.alloc(m * n_out);
         // Quantize W once for Fprop and Dgrad when the policy gives both the same
         // transpose-exact quantizer (NVFP4 16x16 RNE, BF16 RNE): the Dgrad operand (Wᵀ) is then
-        // the transpose of the Fprop one, bit for bit (numerics-spec 2.4).
+        // the transpose of the Fprop one, bit for bit (docs/numerics.md#1x16-blocks-and-16x16-tiles).
         let reuse_w = self.needs_grad(&[x])
             && policy.fprop.b == policy.dgrad.b
             && transpose_exact(&policy.fprop.b);

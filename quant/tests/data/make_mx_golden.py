@@ -112,7 +112,7 @@ def make_input():
             edge.append(filled(a))
             edge.append(filled(np.nextafter(a, f32(np.inf))))
             edge.append(filled(np.nextafter(a, f32(0))))
-    # numerics-spec 10 examples
+    # the examples of docs/numerics.md#scale-rules
     for a in [1.0, 449.0, 500.0, 7.0, 8.0, 6.0]:
         edge.append(filled(a))
     # EVEN boundaries: amax mantissa just below / at the rounding point for 1-3 mantissa bits
@@ -144,7 +144,7 @@ def make_input():
 
 
 # ----------------------------------------------------------------------------------------
-# Spec transcription (numerics-spec 1.6): used only to detect where torchao's eager code
+# Rule transcription (docs/numerics.md#scale-rules): used only to detect where torchao's eager code
 # deviates from the hardware / Transformer Engine semantics.
 # ----------------------------------------------------------------------------------------
 
@@ -236,7 +236,7 @@ def mx_golden(x):
 
 
 # ----------------------------------------------------------------------------------------
-# Per-tensor FP8 current scaling (numerics-spec 5.2), numpy + ml_dtypes.
+# Per-tensor FP8 current scaling (docs/numerics.md#current-scaling), numpy + ml_dtypes.
 # ----------------------------------------------------------------------------------------
 
 

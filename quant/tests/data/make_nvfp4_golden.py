@@ -7,7 +7,7 @@ An independent numpy transcription of Transformer Engine's pure-PyTorch referenc
 `_apply_rht`, `_pad_tensor`, `NVFP4QuantizerRef._quantize`), written from reading that file,
 with E4M3 casts from ml_dtypes (`float8_e4m3fn`, round to nearest even, inputs clamped to
 448 first as the reference does). Stochastic-rounding cases (not covered by TE's reference)
-use an independent Python Philox4x32-10 and the SR rule of numerics-spec 1.8 evaluated in
+use an independent Python Philox4x32-10 and the SR rule of docs/numerics.md#stochastic-rounding evaluated in
 exact arithmetic. See README.md in this directory for the list of deviations.
 
 Usage (from the repository root):
@@ -488,7 +488,7 @@ def encode_case(name, x, usage, tile_y, rht, fos, sr):
 
 
 def self_checks():
-    """The numerics-spec section 10 worked examples, through this transcription."""
+    """The worked examples of docs/numerics.md#worked-examples, through this transcription."""
     x = np.zeros((1, 32), F32)
     x[0, :16] = np.array(
         [0, 0.1, -0.2, 0.3, 0.45, -0.6, 0.75, 0.9, 1.05, -1.2, 1.35, 1.5, -1.65, 1.8, 1.95, 2.1],
