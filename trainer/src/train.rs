@@ -678,6 +678,34 @@ impl Trainer {
         };
         cfg.validate()?;
         cfg.check_memory()?;
+        let bad = |message: String| {
+            TrainError::Checkpoint(CheckpointError::BadState {
+                path: ck.dir.join(checkpoint::STATE_FILE),
+                message,
+            })
+        };
+        let b = &st.batcher.config;
+        if b.batch != cfg.train.batch
+            || b.seq != cfg.model.seq
+            || b.seed != cfg.train.seed
+            || b.sampling != Sampling::Random
+        {
+            return Err(bad(format!(
+                "batcher {b:?} does not match train.batch {}, model.seq {}, train.seed {}",
+                cfg.train.batch, cfg.model.seq, cfg.train.seed
+            )));
+        }
+        if st.step > cfg.train.steps
+            || st.step.checked_mul(cfg.tokens_per_step()) != Some(st.tokens_seen)
+        {
+            return Err(bad(format!(
+                "step {} and tokens_seen {} do not fit a run of {} steps of {} tokens",
+                st.step,
+                st.tokens_seen,
+                cfg.train.steps,
+                cfg.tokens_per_step()
+            )));
+        }
         let tokens = cfg.data.load()?;
         let (train, val) = split(&tokens, cfg.train.val_fraction)?;
         let batcher = Batcher::from_state(train.clone(), &st.batcher)?;

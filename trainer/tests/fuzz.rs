@@ -19,7 +19,7 @@ use trainer::train::{RunConfig, TrainError, TrainOptions, Trainer};
 /// Inputs of each safetensors harness.
 const TENSOR_CASES: u32 = 3000;
 /// Mutated checkpoints (each loaded, resumed and stepped when it loads).
-const CHECKPOINT_CASES: u32 = 400;
+const CHECKPOINT_CASES: u32 = 1000;
 /// Inputs of each token-shard harness (one file each, opened 3 formats x 8 vocabularies).
 const SHARD_CASES: u32 = 600;
 /// Inputs of each TOML harness.
@@ -280,6 +280,9 @@ proptest! {
 enum CkMutation {
     StateEdits(Vec<(prop::sample::Index, usize, usize)>),
     StateValue(prop::sample::Index, usize),
+    /// JSON-aware: set leaves (chosen by their path pattern, array indices ignored, so the
+    /// long quantizer histories do not crowd out the rest) to interesting values.
+    StateLeaves(Vec<(prop::sample::Index, prop::sample::Index, usize)>),
     /// Byte edits of a binary file, its checksum in `state.json` updated.
     Binary {
         tensors: bool,
@@ -288,11 +291,105 @@ enum CkMutation {
     },
 }
 
+/// Values a JSON leaf is set to.
+const JSON_VALUES: &[&str] = &[
+    "0",
+    "1",
+    "-1",
+    "3",
+    "31",
+    "1000000000",
+    "4294967296",
+    "18446744073709551615",
+    "9223372036854775807",
+    "1e300",
+    "-0.5",
+    "0.999",
+    "null",
+    "true",
+    "\"\"",
+    "\"zz\"",
+    "\"0000000000000000\"",
+    "[]",
+    "{}",
+];
+
+/// Every leaf of `v` with its pattern (the path with array indices as `*`).
+fn leaves(
+    v: &serde_json::Value,
+    pattern: String,
+    path: Vec<String>,
+    out: &mut Vec<(String, Vec<String>)>,
+) {
+    match v {
+        serde_json::Value::Object(m) => {
+            for (k, x) in m {
+                let mut p = path.clone();
+                p.push(k.clone());
+                leaves(x, format!("{pattern}/{k}"), p, out);
+            }
+        }
+        serde_json::Value::Array(a) if !a.is_empty() => {
+            for (i, x) in a.iter().enumerate() {
+                let mut p = path.clone();
+                p.push(i.to_string());
+                leaves(x, format!("{pattern}/*"), p, out);
+            }
+        }
+        _ => out.push((pattern, path)),
+    }
+}
+
+fn set_leaves(state: &str, picks: &[(prop::sample::Index, prop::sample::Index, usize)]) -> String {
+    let mut v: serde_json::Value = serde_json::from_str(state).unwrap();
+    for (pat, inst, val) in picks {
+        let mut all = Vec::new();
+        leaves(&v, String::new(), Vec::new(), &mut all);
+        let mut patterns: Vec<&String> = all.iter().map(|(p, _)| p).collect();
+        patterns.sort();
+        patterns.dedup();
+        let pattern = patterns[pat.index(patterns.len())].clone();
+        let paths: Vec<&Vec<String>> = all
+            .iter()
+            .filter(|(p, _)| *p == pattern)
+            .map(|(_, p)| p)
+            .collect();
+        let path = paths[inst.index(paths.len())].clone();
+        let mut at = &mut v;
+        for k in &path {
+            at = match at {
+                serde_json::Value::Array(a) => &mut a[k.parse::<usize>().unwrap()],
+                other => &mut other[k.as_str()],
+            };
+        }
+        *at = serde_json::from_str(JSON_VALUES[*val]).unwrap();
+    }
+    serde_json::to_string_pretty(&v).unwrap()
+}
+
 fn ck_mutation() -> impl Strategy<Value = CkMutation> {
     prop_oneof![
         edits().prop_map(CkMutation::StateEdits),
         (any::<prop::sample::Index>(), 0..TOKENS.len())
             .prop_map(|(l, t)| CkMutation::StateValue(l, t)),
+        proptest::collection::vec(
+            (
+                any::<prop::sample::Index>(),
+                any::<prop::sample::Index>(),
+                0..JSON_VALUES.len()
+            ),
+            1..3
+        )
+        .prop_map(CkMutation::StateLeaves),
+        proptest::collection::vec(
+            (
+                any::<prop::sample::Index>(),
+                any::<prop::sample::Index>(),
+                0..JSON_VALUES.len()
+            ),
+            1..3
+        )
+        .prop_map(CkMutation::StateLeaves),
         (
             any::<bool>(),
             proptest::collection::vec((any::<prop::sample::Index>(), 1u8..=255), 1..4),
@@ -332,6 +429,7 @@ fn mutated_checkpoints_load_resume_and_step_or_fail_typed() {
             let state = match &m {
                 CkMutation::StateEdits(e) => apply_edits(&state0, e),
                 CkMutation::StateValue(l, t) => replace_value(&state0, *l, *t, true),
+                CkMutation::StateLeaves(picks) => set_leaves(&state0, picks),
                 CkMutation::Binary {
                     tensors: which,
                     edits,

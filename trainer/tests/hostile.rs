@@ -396,3 +396,65 @@ fn a_failed_checkpoint_write_leaves_no_temporary_files() {
         .collect();
     assert_eq!(names, ["step-00000099"], "{names:?}");
 }
+
+/// Found by the checkpoint fuzzer: a state whose batcher window or cursor overflowed
+/// panicked (`attempt to add with overflow`), and a batcher configuration that disagreed
+/// with the run's would have been used as is (a huge batch allocated at the next step).
+#[test]
+fn inconsistent_batcher_states_are_typed_errors() {
+    use trainer::data::{split, Batcher, BatcherConfig, DataSource, Sampling};
+    let tokens = DataSource::Corpus {
+        seed: 0,
+        bytes: 1000,
+    }
+    .load()
+    .unwrap();
+    let (train, _) = split(&tokens, 0.1).unwrap();
+    let cfg = BatcherConfig {
+        batch: 2,
+        seq: 8,
+        sampling: Sampling::Sequential,
+        seed: 0,
+    };
+    let good = Batcher::new(train.clone(), cfg).unwrap().state();
+    let mut s = good.clone();
+    s.config.seq = usize::MAX;
+    assert!(Batcher::from_state(train.clone(), &s).is_err());
+    let mut s = good.clone();
+    s.cursor = u64::MAX;
+    assert!(Batcher::from_state(train.clone(), &s).is_err());
+    assert!(Batcher::new(
+        train,
+        BatcherConfig {
+            seq: usize::MAX,
+            ..cfg
+        }
+    )
+    .is_err());
+
+    let tmp = tempfile::tempdir().unwrap();
+    let run = tmp.path().join("run");
+    let ck = tiny_run(&run, TINY);
+    let state_path = ck.join(checkpoint::STATE_FILE);
+    let state0: serde_json::Value =
+        serde_json::from_slice(&fs::read(&state_path).unwrap()).unwrap();
+    for (field, value) in [
+        ("batch", serde_json::json!(1_000_000_000u64)),
+        ("seq", serde_json::json!(u64::MAX)),
+        ("seed", serde_json::json!(5)),
+    ] {
+        let mut v = state0.clone();
+        v["batcher"]["config"][field] = value;
+        fs::write(&state_path, serde_json::to_vec(&v).unwrap()).unwrap();
+        let e = Trainer::resume(&run, opts(&run)).err().unwrap();
+        assert!(
+            matches!(e, TrainError::Checkpoint(CheckpointError::BadState { .. })),
+            "{field}: {e}"
+        );
+    }
+    let mut v = state0.clone();
+    v["step"] = serde_json::json!(u64::MAX);
+    fs::write(&state_path, serde_json::to_vec(&v).unwrap()).unwrap();
+    let e = Trainer::resume(&run, opts(&run)).err().unwrap();
+    assert!(e.to_string().contains("do not fit a run of 6 steps"), "{e}");
+}

@@ -118,14 +118,14 @@ impl Batcher {
                 config.batch, config.seq
             )));
         }
-        if tokens.len() < config.seq + 1 {
+        if tokens.len() <= config.seq {
             return Err(DataError::TooShort {
                 what: format!(
                     "windows of {}+1 tokens from {}",
                     config.seq,
                     tokens.origin()
                 ),
-                needed: config.seq as u64 + 1,
+                needed: (config.seq as u64).saturating_add(1),
                 available: tokens.len() as u64,
             });
         }
@@ -153,7 +153,13 @@ impl Batcher {
             )));
         }
         let mut b = Batcher::new(tokens, state.config)?;
-        if state.cursor + state.config.seq as u64 + 1 > state.n_tokens {
+        // seq < n_tokens here (Batcher::new), so the window length cannot overflow
+        let window = state.config.seq as u64 + 1;
+        if state
+            .cursor
+            .checked_add(window)
+            .is_none_or(|end| end > state.n_tokens)
+        {
             return Err(DataError::StateMismatch(format!(
                 "cursor {} leaves no whole window in {} tokens",
                 state.cursor, state.n_tokens
