@@ -194,25 +194,17 @@ fn memcpy_relative_figures_move_by_a_third_on_the_other_host() {
     let change = get(&b, n) / get(&a, n) - 1.0;
     assert!(change < -0.3, "{change}");
     // Had they been gated as timing ratios, the other host would have failed.
-    let mut as_gates = a.clone();
-    for m in as_gates
-        .iter_mut()
-        .filter(|m| m.name.ends_with("/vs_memcpy"))
-    {
-        m.kind = Kind::Ratio;
-        m.basis = Some(Basis::Compute);
-    }
+    let as_gates = |ms: &[Metric]| -> Vec<Metric> {
+        let mut ms = ms.to_vec();
+        for m in ms.iter_mut().filter(|m| m.name.ends_with("/vs_memcpy")) {
+            m.kind = Kind::Ratio;
+            m.basis = Some(Basis::Compute);
+        }
+        ms
+    };
     let (_, here) = measure(OTHER_HOST, None, false);
-    let old_style = Baseline::accept(&as_gates, None, &here, &Derived::new(), "x".into());
-    let mut b_as_gates = b.clone();
-    for m in b_as_gates
-        .iter_mut()
-        .filter(|m| m.name.ends_with("/vs_memcpy"))
-    {
-        m.kind = Kind::Ratio;
-        m.basis = Some(Basis::Compute);
-    }
-    let (_, v) = compare(&b_as_gates, &old_style, &here, &[]);
+    let old_style = Baseline::accept(&as_gates(&a), None, &here, &Derived::new(), "x".into());
+    let (_, v) = compare(&as_gates(&b), &old_style, &here, &[]);
     assert!(v.iter().filter(|v| v.status.fails()).count() >= 3);
 }
 
