@@ -216,6 +216,19 @@ fn run_config(a: &RunArgs) -> Result<RunConfig> {
     Ok(cfg)
 }
 
+/// `runs/NAME`, or `runs/NAME-2`, `runs/NAME-3`, ... when it exists (two runs started in
+/// the same second).
+fn unused_dir(name: &str) -> PathBuf {
+    let base = PathBuf::from("runs");
+    (1..)
+        .map(|k| match k {
+            1 => base.join(name),
+            k => base.join(format!("{name}-{k}")),
+        })
+        .find(|p| !p.exists())
+        .unwrap_or_else(|| base.join(name))
+}
+
 fn stamp() -> u64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
@@ -288,7 +301,7 @@ pub fn run_train(args: TrainArgs) -> Result<()> {
         let cfg = run_config(&args.run)?;
         let recipe = Recipe::resolve(&args.recipe)?;
         let out = args.out.clone().unwrap_or_else(|| {
-            PathBuf::from("runs").join(format!(
+            unused_dir(&format!(
                 "{}-seed{}-{}",
                 recipe.name,
                 cfg.train.seed,
@@ -382,9 +395,12 @@ pub fn run_compare(args: CompareArgs) -> Result<()> {
                 .join(", ")
         );
     }
-    let out = args.out.clone().unwrap_or_else(|| {
-        PathBuf::from("runs").join(format!("compare-seed{}-{}", cfg.train.seed, stamp()))
-    });
+    let out = args
+        .out
+        .clone()
+        .unwrap_or_else(|| unused_dir(&format!("compare-seed{}-{}", cfg.train.seed, stamp())));
+    // one comparison per folder: its report is rewritten at the end
+    let _lock = trainer::rundir::RunLock::acquire(&out)?;
     let first_seed = cfg.train.seed;
     let seeds: Vec<u64> = (0..args.seeds)
         .map(|k| first_seed.checked_add(k).context("seed overflow"))
@@ -448,7 +464,13 @@ pub fn run_compare(args: CompareArgs) -> Result<()> {
         };
         let summary = match tr.run() {
             Ok(s) => s,
-            Err(e @ (TrainError::Stopped { .. } | TrainError::RunDir(_))) => return Err(e.into()),
+            Err(e @ TrainError::Stopped { .. }) => {
+                eprintln!(
+                    "comparison stopped; run the same `trainer compare` command again to continue it (finished runs are reused, this one resumes)"
+                );
+                return Err(e.into());
+            }
+            Err(e @ TrainError::RunDir(_)) => return Err(e.into()),
             Err(e) => {
                 let e = anyhow::Error::from(e);
                 print_divergence(&e, &dir);

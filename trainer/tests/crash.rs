@@ -323,3 +323,47 @@ fn train_out_refuses_an_existing_run_unless_overwrite() {
     let state = fs::read_to_string(out.join("checkpoints/step-00000006/state.json")).unwrap();
     assert!(state.contains("\"seed\": 7"), "{state}");
 }
+
+#[test]
+fn a_second_comparison_into_the_same_folder_is_refused() {
+    let s = setup();
+    let marker = s.root.join("marker");
+    let out = s.root.join("cmp");
+    let args: Vec<String> = [
+        "compare",
+        "--config",
+        s.config.to_str().unwrap(),
+        "--recipes",
+        "bf16",
+        "--out",
+        out.to_str().unwrap(),
+        "--quiet",
+        "--threads",
+        "1",
+    ]
+    .map(String::from)
+    .to_vec();
+    let mut child = paused_child(&args, "step", 1, &marker);
+    let mut c = trainer();
+    c.args(&args);
+    let o = run(c);
+    assert!(!o.status.success());
+    let err = text(&o.stderr);
+    assert!(
+        err.contains("in use by another process") && err.contains(&format!("pid {}", child.id())),
+        "{err}"
+    );
+    child.kill().unwrap();
+    child.wait().unwrap();
+    // the killed comparison continues where it was
+    let mut c = trainer();
+    c.args(&args);
+    let o = run(c);
+    assert!(o.status.success(), "{}", text(&o.stderr));
+    assert!(
+        text(&o.stdout).contains("continuing the interrupted run"),
+        "{}",
+        text(&o.stdout)
+    );
+    assert!(out.join("report.md").is_file());
+}

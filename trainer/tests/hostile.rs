@@ -240,6 +240,14 @@ fn huge_sizes_are_refused_with_the_estimate() {
     fs::write(&cfg, TINY.replace("d_model = 32", "d_model = 4294967296")).unwrap();
     fails_with(&["train", "--config", cfg.to_str().unwrap()], "too large");
     fails_with(&["train", "--threads", "100000"], "--threads must be in");
+    // a text file larger than memory is refused before it is read (a sparse file here)
+    let big = tmp.path().join("big.txt");
+    fs::File::create(&big).unwrap().set_len(1 << 40).unwrap();
+    let err = fails_with(
+        &["train", "--preset", "tiny", "--data", big.to_str().unwrap()],
+        "needs about 1.0 TiB",
+    );
+    assert!(err.contains("big.txt (1099511627776 bytes)"), "{err}");
     fails_with(
         &["compare", "--seeds", "18446744073709551615"],
         "--seeds must be at least 1 and at most 1000",

@@ -78,8 +78,15 @@ fn io_err(path: &Path, source: std::io::Error) -> DataError {
 /// Reads a UTF-8 text file as byte-level tokens (vocabulary 256).
 ///
 /// Errors: [`DataError::Io`], [`DataError::InvalidUtf8`] (with the position of the first bad
-/// byte), [`DataError::Empty`].
+/// byte), [`DataError::Empty`], [`DataError::TooLarge`] (a file larger than the memory
+/// available, checked before reading it).
 pub fn load_text_file(path: &Path) -> Result<Tokens, DataError> {
+    if let Ok(m) = std::fs::metadata(path) {
+        crate::memory::check(
+            &format!("the text file {} ({} bytes)", path.display(), m.len()),
+            u128::from(m.len()),
+        )?;
+    }
     let bytes = std::fs::read(path).map_err(|e| io_err(path, e))?;
     if let Err(e) = std::str::from_utf8(&bytes) {
         let offset = e.valid_up_to();
