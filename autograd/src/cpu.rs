@@ -7,8 +7,8 @@
 
 use rayon::prelude::*;
 
-/// Runs `f` compiled for AVX2 + FMA when the CPU has them (checked at run time; the crate is
-/// built for baseline x86-64, i.e. SSE2). `f` is inlined into the feature-enabled wrapper, so
+/// Runs `f` compiled for AVX2 + FMA when the CPU has them (asked of the workspace's one
+/// run-time dispatch, `fp_formats::cpu`; the crate is built for baseline x86-64, i.e. SSE2). `f` is inlined into the feature-enabled wrapper, so
 /// its element loops vectorise 8 wide. Results are bit-identical on every path: the kernels
 /// use no fused multiply-adds of their own (Rust never contracts `a * b + c`) and their
 /// reductions have a fixed lane structure.
@@ -16,9 +16,9 @@ use rayon::prelude::*;
 pub(crate) fn simd<R>(f: impl FnOnce() -> R) -> R {
     #[cfg(target_arch = "x86_64")]
     {
-        if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma")
-        {
-            // SAFETY: the CPU supports the features `avx2_fma` is compiled for.
+        if fp_formats::cpu::has_avx2_fma() {
+            // SAFETY: the CPU supports the features `avx2_fma` is compiled for (the shared
+            // dispatch checked; it also honours NIBBLE_FORCE_PORTABLE).
             return unsafe { avx2_fma(f) };
         }
     }

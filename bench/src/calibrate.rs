@@ -15,8 +15,8 @@
 /// `x`, and `x.len()` a multiple of 16 (a shorter tail is ignored).
 pub fn compute_probe(x: &[f32], out: &mut [u8]) {
     #[cfg(target_arch = "x86_64")]
-    if std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma") {
-        // SAFETY: the CPU supports AVX2 and FMA (checked just above).
+    if fp_formats::cpu::has_avx2_fma() {
+        // SAFETY: the CPU supports AVX2 and FMA (the workspace's shared dispatch checked).
         return unsafe { probe_avx2(x, out) };
     }
     probe_body(x, out);

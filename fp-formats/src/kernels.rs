@@ -2,11 +2,11 @@
 //! encoders and decoders).
 //!
 //! Every kernel has a portable version (`*_portable`, plain branch-free Rust, used on every
-//! target) and, on x86-64, an AVX2 version in [`avx2`] selected at run time with
-//! `is_x86_feature_detected!` (or at compile time when the build enables AVX2). The AVX2
-//! code performs the same IEEE f32 operations in the same order, so both return identical
-//! bytes; the unit tests below compare them with each other and with the scalar reference
-//! code of the public API.
+//! target) and, on x86-64, an AVX2 version in [`avx2`] selected at run time by the
+//! workspace's shared dispatch, [`crate::cpu`] (or at compile time when the build enables
+//! AVX2 without `std`). The AVX2 code performs the same IEEE f32 operations in the same
+//! order, so both return identical bytes; the unit tests below compare them with each other
+//! and with the scalar reference code of the public API.
 //!
 //! The matrix kernels (`nvfp4_*_rows`, `mx_*_rows`) require finite input (the callers check
 //! with [`amax_finite`] first); the slice encoders and decoders accept anything.
@@ -18,27 +18,14 @@ use crate::nvfp4::GlobalScale;
 #[cfg(all(target_arch = "x86_64", any(feature = "std", target_feature = "avx2")))]
 mod avx2;
 
-/// Whether the AVX2 kernels run: the CPU has AVX2 (checked once) and, with the `std`
-/// feature, the environment variable `FP_FORMATS_FORCE_PORTABLE` is not set (it selects the
-/// portable code, for testing and benchmarking the fallback; read once per process).
+/// Whether the AVX2 kernels run: with the `std` feature, as the shared dispatch
+/// ([`crate::cpu::has_avx2`]) says; without it, only builds that enable AVX2 compile them in.
 #[cfg(all(target_arch = "x86_64", any(feature = "std", target_feature = "avx2")))]
 #[inline]
 pub(crate) fn has_avx2() -> bool {
     #[cfg(feature = "std")]
     {
-        use core::sync::atomic::{AtomicU8, Ordering};
-        // 0: not yet known, 1: AVX2, 2: portable.
-        static STATE: AtomicU8 = AtomicU8::new(0);
-        match STATE.load(Ordering::Relaxed) {
-            1 => true,
-            2 => false,
-            _ => {
-                let avx2 = std::is_x86_feature_detected!("avx2")
-                    && std::env::var_os("FP_FORMATS_FORCE_PORTABLE").is_none();
-                STATE.store(if avx2 { 1 } else { 2 }, Ordering::Relaxed);
-                avx2
-            }
-        }
+        crate::cpu::has_avx2()
     }
     #[cfg(not(feature = "std"))]
     {

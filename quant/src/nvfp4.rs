@@ -689,8 +689,8 @@ macro_rules! avx2_dispatch {
                 unsafe fn avx2($x: $xt, $plan: $pt $(, $arg: $ty)*) $(-> $ret)? {
                     $body($x, $plan $(, $arg)*)
                 }
-                if !$plan.portable && std::is_x86_feature_detected!("avx2") {
-                    // SAFETY: the running CPU supports AVX2 (checked just above).
+                if !$plan.portable && fp_formats::cpu::has_avx2() {
+                    // SAFETY: the running CPU supports AVX2 (the shared dispatch checked).
                     return unsafe { avx2($x, $plan $(, $arg)*) };
                 }
             }

@@ -252,8 +252,8 @@ fn panel_dispatch<F: Fp8, T: Emit, S: Source<T>, const AMAX: bool>(
         ) -> CastStats {
             panel::<F, T, S, AMAX>(src, scale, rbits, dst)
         }
-        if !portable && std::is_x86_feature_detected!("avx2") {
-            // SAFETY: the running CPU supports AVX2 (checked just above).
+        if !portable && fp_formats::cpu::has_avx2() {
+            // SAFETY: the running CPU supports AVX2 (the shared dispatch checked).
             return unsafe { avx2::<F, T, S, AMAX>(src, scale, rbits, dst) };
         }
     }

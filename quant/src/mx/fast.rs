@@ -324,8 +324,8 @@ fn panel_dispatch<F: Elem, S: Source<T>, T: Out>(
         ) -> PanelStats {
             panel::<F, S, T>(c, src, rbits, scols, dst, scales)
         }
-        if !portable && std::is_x86_feature_detected!("avx2") {
-            // SAFETY: the running CPU supports AVX2 (checked just above).
+        if !portable && fp_formats::cpu::has_avx2() {
+            // SAFETY: the running CPU supports AVX2 (the shared dispatch checked).
             return unsafe { avx2::<F, S, T>(c, src, rbits, scols, dst, scales) };
         }
     }
@@ -559,8 +559,8 @@ fn vertical_dispatch<F: Elem>(
         ) -> PanelStats {
             vertical_panel::<F>(c, src, cols, r0, pcols, dst)
         }
-        if !portable && std::is_x86_feature_detected!("avx2") {
-            // SAFETY: the running CPU supports AVX2 (checked just above).
+        if !portable && fp_formats::cpu::has_avx2() {
+            // SAFETY: the running CPU supports AVX2 (the shared dispatch checked).
             return unsafe { avx2::<F>(c, src, cols, r0, pcols, dst) };
         }
     }

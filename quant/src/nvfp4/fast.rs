@@ -388,7 +388,7 @@ avx2_dispatch!(fake_panel_dispatch => fake_panel(
 fn use_avx2(plan: &Plan) -> bool {
     #[cfg(target_arch = "x86_64")]
     {
-        !plan.portable && std::is_x86_feature_detected!("avx2")
+        !plan.portable && fp_formats::cpu::has_avx2()
     }
     #[cfg(not(target_arch = "x86_64"))]
     {
