@@ -81,7 +81,7 @@ pub enum OptimError {
     },
     /// Saved optimizer state could not be loaded.
     #[error("cannot load optimizer state: {0}")]
-    State(#[from] StateError),
+    State(StateError),
 }
 
 /// Why a saved optimizer state was rejected by `load_state` / `from_state`.
@@ -137,4 +137,12 @@ pub enum StateError {
     /// Internally inconsistent contents (valid checksum, impossible values).
     #[error("malformed state: {0}")]
     Malformed(&'static str),
+}
+
+// Not `#[from]`: that would also expose the state error as `source()`, and error reporters
+// that print the chain (anyhow's `{:#}`) would print its text twice.
+impl From<StateError> for OptimError {
+    fn from(e: StateError) -> Self {
+        OptimError::State(e)
+    }
 }

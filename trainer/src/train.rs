@@ -182,7 +182,7 @@ pub enum TrainError {
     Data(#[from] DataError),
     /// Optimizer error (bad hyperparameters, state of another model).
     #[error("optimizer: {0}")]
-    Optim(#[from] optim::OptimError),
+    Optim(optim::OptimError),
     /// Checkpoint error.
     #[error(transparent)]
     Checkpoint(#[from] CheckpointError),
@@ -232,6 +232,14 @@ pub enum TrainError {
         /// The last checkpoint written (or `none`).
         last_checkpoint: String,
     },
+}
+
+// Not `#[from]`: the message already carries the optimizer's, and a `source()` as well
+// would make chain printers (anyhow's `{:#}`) repeat it.
+impl From<optim::OptimError> for TrainError {
+    fn from(e: optim::OptimError) -> Self {
+        TrainError::Optim(e)
+    }
 }
 
 impl From<autograd::Error> for TrainError {

@@ -346,6 +346,23 @@ fn messages_name_the_real_problem() {
         checkpoint::resolve(&run),
         Err(CheckpointError::DanglingLatest { .. })
     ));
+    // an optimizer-state error is printed once, not once per level of the error chain
+    let opt_run = tmp.path().join("opt");
+    let ck = tiny_run(&opt_run, TINY);
+    let opath = ck.join(checkpoint::OPTIMIZER_FILE);
+    let mut b = fs::read(&opath).unwrap();
+    let mid = b.len() / 2;
+    b[mid] ^= 0x55;
+    fs::write(&opath, &b).unwrap();
+    let spath = ck.join(checkpoint::STATE_FILE);
+    let mut v: serde_json::Value = serde_json::from_slice(&fs::read(&spath).unwrap()).unwrap();
+    v["optimizer_crc32"] = optim::crc32(&b).into();
+    fs::write(&spath, serde_json::to_vec(&v).unwrap()).unwrap();
+    let err = fails_with(
+        &["train", "--resume", opt_run.to_str().unwrap()],
+        "optimizer: cannot load optimizer state: checksum mismatch",
+    );
+    assert_eq!(err.matches("checksum mismatch").count(), 1, "{err}");
     // sampling settings are not "invalid run config"
     let good = tmp.path().join("good");
     tiny_run(&good, TINY);
