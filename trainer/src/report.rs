@@ -391,7 +391,9 @@ pub fn write_report(
         &train,
     )?;
     let p = dir.join("report.md");
-    fs::write(&p, markdown(runs, header, reference)).map_err(io_err(&p))
+    // atomic: an interrupted comparison never leaves a truncated report
+    crate::rundir::write_atomic(&p, markdown(runs, header, reference).as_bytes())
+        .map_err(io_err(&p))
 }
 
 #[cfg(test)]
