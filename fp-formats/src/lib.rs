@@ -32,6 +32,8 @@ pub use formats::{
 pub use half::{bf16, f16};
 pub use rounding::{Overflow, Rounding};
 
+#[cfg(feature = "checkpoint")]
+pub mod checkpoint;
 #[cfg(feature = "std")]
 pub mod cpu;
 mod error;
