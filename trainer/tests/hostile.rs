@@ -226,12 +226,17 @@ fn huge_sizes_are_refused_with_the_estimate() {
         "needs about",
     );
     let cfg = tmp.path().join("big.toml");
-    fs::write(&cfg, TINY.replace("batch = 2", "batch = 1000000")).unwrap();
+    // tens of TiB: refused on any machine
+    let huge = TINY
+        .replace("batch = 2", "batch = 1000000")
+        .replace("seq = 16", "seq = 1024");
+    fs::write(&cfg, huge).unwrap();
     let err = fails_with(
         &["train", "--config", cfg.to_str().unwrap(), "--steps", "1"],
         "needs about",
     );
-    assert!(err.contains("batch 1000000 x seq 16"), "{err}");
+    assert!(err.contains("batch 1000000 x seq 1024"), "{err}");
+    assert!(err.contains(" TiB of memory ("), "{err}");
     fs::write(&cfg, TINY.replace("batch = 2", "batch = 100000000")).unwrap();
     fails_with(
         &["train", "--config", cfg.to_str().unwrap()],
@@ -277,6 +282,7 @@ fn huge_sizes_are_refused_with_the_estimate() {
     // a memory estimate that cannot fit is refused by the library too
     let mut big = RunConfig::from_toml_str(TINY).unwrap();
     big.train.batch = 1 << 20;
+    big.model.seq = 4096;
     assert!(matches!(
         Trainer::new(big, Recipe::builtin("bf16").unwrap(), opts(&run)),
         Err(TrainError::TooLarge(_))
