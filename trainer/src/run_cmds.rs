@@ -420,6 +420,9 @@ pub fn run_compare(args: CompareArgs) -> Result<()> {
         .iter()
         .flat_map(|s| recipes.iter().map(move |r| (s, r)))
     {
+        if trainer::interrupt::stop_requested() {
+            bail!("comparison stopped between runs; run the same `trainer compare` command again to continue it");
+        }
         let dir = if seeds.len() > 1 {
             out.join(&recipe.name).join(format!("seed{seed}"))
         } else {

@@ -1146,7 +1146,24 @@ impl Trainer {
                 .map_or(f32::NAN, |m| m.train_loss);
             last = (prev_train, l, v, self.step);
         }
-        let wall_s = start.elapsed().as_secs_f64();
+        let mut wall_s = start.elapsed().as_secs_f64();
+        let mut tokens_per_s = (self.tokens_seen - start_tokens) as f64 / wall_s.max(1e-9);
+        if self.tokens_seen == start_tokens {
+            // nothing trained in this process (killed after its last checkpoint, before the
+            // summary): the training time and throughput of the recorded steps
+            let per_step = self.cfg.tokens_per_step() as f64;
+            let (tokens, secs) = kept
+                .lines()
+                .filter_map(|l| serde_json::from_str::<StepMetrics>(l).ok())
+                .filter(|m| m.tokens_per_s > 0.0 && m.tokens_per_s.is_finite())
+                .fold((0.0, 0.0), |(t, s), m| {
+                    (t + per_step, s + per_step / m.tokens_per_s)
+                });
+            if secs > 0.0 {
+                wall_s = secs;
+                tokens_per_s = tokens / secs;
+            }
+        }
         let summary = RunSummary {
             recipe: self.recipe.name.clone(),
             steps: self.step,
@@ -1156,7 +1173,7 @@ impl Trainer {
             final_train_loss: last.0,
             unigram_nats: self.unigram_nats,
             wall_s,
-            tokens_per_s: (self.tokens_seen - start_tokens) as f64 / wall_s.max(1e-9),
+            tokens_per_s,
             layers: last.1,
             layers_step: last.3,
             out_dir: out.clone(),

@@ -202,6 +202,21 @@ fn sigkill_at_every_point_of_a_checkpoint_write_resumes_bit_identically() {
             cases += 1;
         }
     }
+    // killed after the final checkpoint, before the summary: the resume writes the summary
+    // from the recorded steps (not 0 tokens/s)
+    let out = s.root.join("final");
+    let mut child = paused_child(&train_args(&s, &out), "checkpoint-pruned", 3, &marker);
+    child.kill().unwrap();
+    child.wait().unwrap();
+    assert!(!out.join("summary.json").exists());
+    let o = resume(&out);
+    assert!(o.status.success(), "{}", text(&o.stderr));
+    assert_eq!(final_state(&out), want);
+    let summary: serde_json::Value =
+        serde_json::from_slice(&fs::read(out.join("summary.json")).unwrap()).unwrap();
+    let tps = summary["tokens_per_s"].as_f64().unwrap();
+    assert!(tps > 0.0 && tps.is_finite(), "{summary}");
+    assert_eq!(summary["steps"], 6);
     // and killed between steps, after the second checkpoint
     let out = s.root.join("step-5");
     let mut child = paused_child(&train_args(&s, &out), "step", 5, &marker);
