@@ -16,6 +16,8 @@
 use fp_formats::mx::{MxElement, ScaleRule};
 use serde::{Deserialize, Serialize};
 
+use crate::QuantError;
+
 /// Which copy of a tensor is quantized.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
@@ -261,6 +263,37 @@ pub struct GemmOperands {
     pub b: OperandQuant,
 }
 
+impl GemmOperands {
+    /// Checks that the two operands transform the reduction dimension alike: a Hadamard
+    /// transform is orthogonal, so `(H a) . (H b) = a . b` only when both operands get the
+    /// same transform, with the same signs. RHT on one operand only, or random signs (which
+    /// a training GEMM draws from each operand's own key, so the two masks differ), would
+    /// change the product, not just its rounding.
+    ///
+    /// ```
+    /// use quant::{GemmOperands, OperandQuant, Rht};
+    /// let rht = OperandQuant::nvfp4().with_rht(Rht::FixedSigns);
+    /// assert!(GemmOperands { a: rht, b: rht }.validate_pair().is_ok());
+    /// assert!(GemmOperands { a: rht, b: OperandQuant::nvfp4() }.validate_pair().is_err());
+    /// let random = OperandQuant::nvfp4().with_rht(Rht::RandomSigns);
+    /// assert!(GemmOperands { a: random, b: random }.validate_pair().is_err());
+    /// ```
+    pub fn validate_pair(&self) -> Result<(), QuantError> {
+        if self.a.rht != self.b.rht {
+            return Err(QuantError::InvalidConfig(format!(
+                "the RHT must be applied to both operands of a GEMM or to neither (A: {:?}, B: {:?}); on one side only it changes the product",
+                self.a.rht, self.b.rht
+            )));
+        }
+        if self.a.rht == Rht::RandomSigns {
+            return Err(QuantError::InvalidConfig(
+                "random RHT signs are not supported in a GEMM policy: each operand draws its signs from its own random stream, so the two operands would be transformed differently; use fixed signs".into(),
+            ));
+        }
+        Ok(())
+    }
+}
+
 /// The six operand settings of a linear layer.
 #[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
 pub struct GemmPolicy {
@@ -273,6 +306,22 @@ pub struct GemmPolicy {
 }
 
 impl GemmPolicy {
+    /// Checks every GEMM's pair of operands ([`GemmOperands::validate_pair`]), naming the
+    /// GEMM that fails.
+    pub fn validate_pairs(&self) -> Result<(), QuantError> {
+        for (name, g) in [
+            ("fprop", self.fprop),
+            ("dgrad", self.dgrad),
+            ("wgrad", self.wgrad),
+        ] {
+            g.validate_pair().map_err(|e| match e {
+                QuantError::InvalidConfig(m) => QuantError::InvalidConfig(format!("{name}: {m}")),
+                e => e,
+            })?;
+        }
+        Ok(())
+    }
+
     /// The same setting for all six operands.
     pub const fn uniform(q: OperandQuant) -> Self {
         let g = GemmOperands { a: q, b: q };

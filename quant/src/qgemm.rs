@@ -152,6 +152,7 @@ pub fn quantized_matmul_tn_with(
         crate::panel::check_len(op.data, op.rows, op.cols)?;
         fake::validate(op.quant, op.usage)?;
     }
+    check_same_transform(&a, &b)?;
     let (m, ka) = a.gemm_shape();
     let (n, kb) = b.gemm_shape();
     check_shapes(m, ka, n, kb, out)?;
@@ -280,6 +281,22 @@ pub fn quantized_matmul_tn_prequantized(
     let r = prepare(a, &mut ws.a).map(|(av, fa)| finish(av, fa, b.values, b.factor, out));
     WORKSPACE.with(|c| c.set(Some(ws)));
     r
+}
+
+/// Both operands must transform the reduction dimension with the same Hadamard signs (or not
+/// at all): otherwise the product itself changes. Random signs are allowed when the two keys
+/// give the same mask.
+fn check_same_transform(a: &Operand<'_>, b: &Operand<'_>) -> Result<(), QuantError> {
+    let (ma, mb) = (
+        crate::hadamard::sign_mask(a.quant.rht, a.key),
+        crate::hadamard::sign_mask(b.quant.rht, b.key),
+    );
+    if ma != mb {
+        return Err(QuantError::InvalidConfig(format!(
+            "the two GEMM operands transform the reduction dimension differently (RHT sign masks {ma:04x?} and {mb:04x?}): the RHT must use the same signs on both operands or be off on both"
+        )));
+    }
+    Ok(())
 }
 
 fn check_shapes(m: usize, ka: usize, n: usize, kb: usize, out: &[f32]) -> Result<(), QuantError> {

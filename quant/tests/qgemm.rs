@@ -139,6 +139,12 @@ fn quantized_equals_fake_quantize_then_sgemm() {
         };
         let a = data(ar * ac, 3);
         let b = data(br * bc, 4);
+        // Random Hadamard signs: one mask for both operands (the GEMM refuses two).
+        let key_b = if qa.rht == Rht::RandomSigns {
+            key_a
+        } else {
+            key_b
+        };
         let mut fa = vec![0.0f32; m * k];
         let mut fb = vec![0.0f32; n * k];
         let sa = fake::fake_quantize_into(
@@ -311,4 +317,38 @@ fn workspace_is_reused_and_threads_do_not_matter() {
         })
     };
     assert_eq!(run(1), run(2));
+}
+
+#[test]
+fn operands_transformed_differently_are_refused() {
+    let (m, n, k) = (8, 8, 32);
+    let a = data(k * m, 5);
+    let b = data(k * n, 6);
+    let mut out = vec![0.0f32; m * n];
+    let rht = OperandQuant::nvfp4().with_rht(Rht::FixedSigns);
+    let plain = OperandQuant::nvfp4();
+    let random = OperandQuant::nvfp4().with_rht(Rht::RandomSigns);
+    let key = |stream| RngKey { seed: 1, stream };
+    let run = |qa: &OperandQuant, qb: &OperandQuant, ka, kb, out: &mut [f32]| {
+        quantized_matmul_tn(
+            Operand::new(&a, k, m, Usage::Columnwise, qa).with_key(key(ka)),
+            Operand::new(&b, k, n, Usage::Columnwise, qb).with_key(key(kb)),
+            out,
+        )
+    };
+    // RHT on one side only, or random signs from two streams: the product would change.
+    for (qa, qb, ka, kb) in [
+        (&rht, &plain, 0, 0),
+        (&plain, &rht, 0, 0),
+        (&random, &random, 1, 2),
+    ] {
+        let e = run(qa, qb, ka, kb, &mut out).unwrap_err();
+        assert!(
+            matches!(&e, QuantError::InvalidConfig(m) if m.contains("differently")),
+            "{e}"
+        );
+    }
+    // The same signs on both sides are fine, random ones from one stream too.
+    run(&rht, &rht, 0, 0, &mut out).unwrap();
+    run(&random, &random, 3, 3, &mut out).unwrap();
 }

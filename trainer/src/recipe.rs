@@ -508,12 +508,17 @@ pub fn operands(p: &GemmPolicy) -> [OperandQuant; 6] {
     ]
 }
 
-/// Checks every operand of a policy against its slot's usage (`quant::fake::validate`).
+/// Checks every operand of a policy against its slot's usage (`quant::fake::validate`), and
+/// each GEMM's two operands against each other (`GemmPolicy::validate_pairs`: an RHT on both
+/// or neither, never random signs).
 pub fn validate_policy(p: &GemmPolicy) -> Result<(), String> {
     for ((label, usage), q) in OPERAND_SLOTS.iter().zip(operands(p)) {
         quant::fake::validate(&q, *usage).map_err(|e| format!("{label}: {e}"))?;
     }
-    Ok(())
+    p.validate_pairs().map_err(|e| match e {
+        quant::QuantError::InvalidConfig(m) => m,
+        e => e.to_string(),
+    })
 }
 
 /// A short description of one operand setting, e.g. `nvfp4/1x16/sr/rht`.

@@ -524,6 +524,13 @@ fn semantically_invalid_recipes_are_rejected() {
         "base = \"bf16\"\n[[overrides]]\nblocks = [{ start = 2, end = 2 }]\npolicy = \"fp32\"\n",
     );
     assert!(e.contains("empty range 2..2"), "{e}");
+    // RHT on one Wgrad operand only, or random signs: the gradient itself would change.
+    let e = parse_err("base = \"nvfp4\"\n[linear.wgrad.b]\nrht = \"off\"\n");
+    assert!(e.contains("wgrad") && e.contains("both operands"), "{e}");
+    let e = parse_err(
+        "base = \"nvfp4\"\n[linear.wgrad.a]\nrht = \"random-signs\"\n[linear.wgrad.b]\nrht = \"random-signs\"\n",
+    );
+    assert!(e.contains("wgrad") && e.contains("random RHT signs"), "{e}");
     // Every built-in policy preset is valid.
     for name in POLICY_PRESETS {
         let r = Recipe::from_toml_str(&format!("name = \"p\"\nlinear = \"{name}\"\n")).unwrap();
@@ -563,7 +570,8 @@ fn readme_user_recipe_parses() {
         .expect("README has a TOML example");
     let r = Recipe::from_toml_str(toml_block).unwrap();
     assert_eq!(r.name, "nvfp4-2-2");
-    assert_eq!(r.linear.wgrad.b.rht, Rht::Off);
+    assert_eq!(r.linear.wgrad.a.rounding, RoundingMode::NearestEven);
     assert_eq!(r.linear.wgrad.a.rht, Rht::FixedSigns);
+    assert_eq!(r.linear.wgrad.b.rht, Rht::FixedSigns);
     assert_eq!(r.policy_for(1, 8, LayerKind::MlpUp, 0.0), GemmPolicy::BF16);
 }
