@@ -147,6 +147,10 @@ pub struct TrainState {
     /// checkpoints written before it was recorded.
     #[serde(default)]
     pub initial_loss: Option<f32>,
+    /// The best validation loss so far (the guard's reference for the next evaluation);
+    /// absent in checkpoints written before it was recorded.
+    #[serde(default)]
+    pub best_val_loss: Option<f32>,
     /// Quantizer states of the linear layers that have one.
     pub quant_states: Vec<LinearStateRecord>,
     /// CRC-32 of `model.safetensors`.

@@ -557,6 +557,7 @@ pub struct Trainer {
     pub tokens_seen: u64,
     running_min: Option<f32>,
     initial_loss: Option<f32>,
+    best_val: Option<f32>,
     last_checkpoint: Option<PathBuf>,
     opts: TrainOptions,
     overwrite: bool,
@@ -653,6 +654,7 @@ impl Trainer {
             tokens_seen: 0,
             running_min: None,
             initial_loss: None,
+            best_val: None,
             last_checkpoint: None,
             opts,
             overwrite: false,
@@ -724,6 +726,7 @@ impl Trainer {
         tr.tokens_seen = st.tokens_seen;
         tr.running_min = st.running_min_loss;
         tr.initial_loss = st.initial_loss;
+        tr.best_val = st.best_val_loss;
         tr.last_checkpoint = Some(ck.dir.clone());
         tr.resumed_from = ck
             .dir
@@ -955,6 +958,7 @@ impl Trainer {
             batcher: self.batcher.state(),
             running_min_loss: self.running_min,
             initial_loss: self.initial_loss,
+            best_val_loss: self.best_val,
             quant_states: checkpoint::quant_state_records(&self.ps),
             tensors_crc32: 0,
             optimizer_crc32: 0,
@@ -1191,11 +1195,26 @@ impl Trainer {
     /// The guard applied to the parameters about to be checkpointed: a validation loss that
     /// is not finite or above `explode_factor` times the reference is a divergence, and the
     /// checkpoint is not written.
-    fn judge_validation(&self, val_loss: f32, loss: f32, grad_norm: f32) -> Result<(), TrainError> {
+    ///
+    /// The reference is the smaller of the first step's loss and the best validation loss so
+    /// far (before the first evaluation: the training guard's reference). Validation is not
+    /// compared with the training loss once it has a history of its own, so that a model
+    /// that overfits (validation well above training) is not taken for a diverged one.
+    fn judge_validation(
+        &mut self,
+        val_loss: f32,
+        loss: f32,
+        grad_norm: f32,
+    ) -> Result<(), TrainError> {
+        let reference = match (self.best_val, self.initial_loss) {
+            (Some(b), Some(i)) if i < b => Some((i, "the first step's loss")),
+            (Some(b), _) => Some((b, "the best validation loss")),
+            (None, _) => self.guard_reference(),
+        };
         let reason = if !val_loss.is_finite() {
             Some("non-finite validation loss".to_string())
         } else {
-            self.guard_reference().and_then(|(m, what)| {
+            reference.and_then(|(m, what)| {
                 (val_loss > self.cfg.train.explode_factor * m).then(|| {
                     format!(
                         "validation loss {val_loss} above {}x {what} {m}",
@@ -1204,6 +1223,9 @@ impl Trainer {
                 })
             })
         };
+        if reason.is_none() {
+            self.best_val = Some(self.best_val.map_or(val_loss, |b| b.min(val_loss)));
+        }
         match reason {
             None => Ok(()),
             Some(reason) => Err(TrainError::Diverged {
@@ -1243,4 +1265,49 @@ pub fn read_metrics(path: &Path) -> Result<Vec<StepMetrics>, TrainError> {
                 .map_err(|e| TrainError::Config(format!("{}:{}: {e}", path.display(), i + 1)))
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tiny() -> Trainer {
+        let cfg = RunConfig::from_toml_str(
+            "[model]\nvocab = 256\nd_model = 32\nn_layers = 1\nn_heads = 2\nhidden = 64\nseq = 16\n\
+             [train]\nsteps = 200\nbatch = 2\nwarmup_steps = 10\n\
+             [data]\nkind = \"corpus\"\nseed = 0\nbytes = 5000\n",
+        )
+        .unwrap();
+        Trainer::new(
+            cfg,
+            Recipe::builtin("bf16").unwrap(),
+            TrainOptions::default(),
+        )
+        .unwrap()
+    }
+
+    #[test]
+    fn validation_is_judged_against_its_own_history_and_the_first_loss() {
+        let mut tr = tiny();
+        // in warmup, before any evaluation: against the first step's loss
+        tr.step = 5;
+        tr.initial_loss = Some(5.5);
+        tr.running_min = Some(5.0);
+        assert!(tr.judge_validation(17.0, 5.0, 1.0).is_err());
+        assert_eq!(tr.best_val, None, "a failed evaluation is not a reference");
+        tr.judge_validation(10.0, 5.0, 1.0).unwrap();
+        assert_eq!(tr.best_val, Some(10.0));
+        // the first step's loss stays an upper reference
+        let e = tr.judge_validation(17.0, 5.0, 1.0).unwrap_err().to_string();
+        assert!(e.contains("3x the first step's loss 5.5"), "{e}");
+        // after warmup an overfitting model (validation 3.5x the training minimum, but
+        // close to its best validation loss) is not a divergence
+        tr.step = 100;
+        tr.best_val = Some(1.0);
+        tr.running_min = Some(0.2);
+        tr.judge_validation(2.5, 0.2, 1.0).unwrap();
+        let e = tr.judge_validation(3.5, 0.2, 1.0).unwrap_err().to_string();
+        assert!(e.contains("3x the best validation loss 1"), "{e}");
+        assert!(tr.judge_validation(f32::NAN, 0.2, 1.0).is_err());
+    }
 }
