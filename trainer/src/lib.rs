@@ -16,11 +16,13 @@
 //! * [`sample`]: text generation from a checkpoint at a chosen precision;
 //! * [`rundir`]: run-directory lock, refusal of existing runs, leftovers, atomic writes;
 //! * [`interrupt`]: graceful stops on SIGINT/SIGTERM and the crash-test hooks;
-//! * [`memory`]: memory estimates checked before allocating.
+//! * [`memory`]: memory estimates checked before allocating;
+//! * [`hf`]: Hugging Face Llama export (optionally NVFP4/MXFP8 through `fp-formats`) and import.
 #![warn(missing_docs)]
 
 pub mod checkpoint;
 pub mod data;
+pub mod hf;
 pub mod interrupt;
 pub mod memory;
 pub mod model;

@@ -8,6 +8,7 @@
 //! trainer train                        train a GPT (default: small model, nvfp4, embedded corpus)
 //! trainer compare                      train several recipes on identical data and write a report
 //! trainer sample CHECKPOINT            generate text at a chosen precision
+//! trainer export CHECKPOINT --out DIR  a Hugging Face Llama folder [--quantize nvfp4|mxfp8]
 //! ```
 //!
 //! Each subcommand is a variant of [`Command`] with its own argument struct and a `run_*`
@@ -26,6 +27,7 @@ use trainer::model::MAX_LAYERS;
 use trainer::recipe::{Recipe, BUILTIN_NAMES};
 use trainer::train::TrainError;
 
+mod export_cmd;
 mod run_cmds;
 use run_cmds::{run_compare, run_sample, run_train, CompareArgs, SampleArgs, TrainArgs};
 
@@ -50,6 +52,8 @@ enum Command {
     Compare(CompareArgs),
     /// Generate text from a checkpoint at a chosen precision.
     Sample(SampleArgs),
+    /// Export a checkpoint as a Hugging Face Llama folder (optionally NVFP4 / MXFP8).
+    Export(export_cmd::ExportArgs),
 }
 
 #[derive(Args, Debug)]
@@ -163,6 +167,7 @@ fn main() -> std::process::ExitCode {
         Command::Train(args) => run_train(args),
         Command::Compare(args) => run_compare(args),
         Command::Sample(args) => run_sample(args),
+        Command::Export(args) => export_cmd::run_export(args),
     };
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,

@@ -1075,6 +1075,27 @@ pub fn write_f32_checkpoint(
     path: &Path,
     tensors: &[(&str, Vec<usize>, Vec<f32>)],
 ) -> Result<(), CheckpointError> {
+    let meta = BTreeMap::from([("format".to_string(), "pt".to_string())]);
+    write_f32_checkpoint_with_metadata(path, tensors, &meta)
+}
+
+/// [`write_f32_checkpoint`] with the given `__metadata__` (string to string).
+///
+/// # Panics
+/// If a tensor's values do not match its shape.
+///
+/// ```
+/// # let p = std::env::temp_dir().join(format!("fpf-wm-{}.safetensors", std::process::id()));
+/// let meta = [("format".to_string(), "pt".to_string())].into_iter().collect();
+/// fp_formats::checkpoint::write_f32_checkpoint_with_metadata(&p, &[("w", vec![1], vec![1.0])], &meta)?;
+/// # std::fs::remove_file(&p)?;
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+pub fn write_f32_checkpoint_with_metadata(
+    path: &Path,
+    tensors: &[(&str, Vec<usize>, Vec<f32>)],
+    metadata: &BTreeMap<String, String>,
+) -> Result<(), CheckpointError> {
     let outs: Vec<OutTensor> = tensors
         .iter()
         .map(|(n, s, v)| {
@@ -1082,8 +1103,7 @@ pub fn write_f32_checkpoint(
             OutTensor::new(*n, Dtype::F32, s.clone())
         })
         .collect();
-    let meta = BTreeMap::from([("format".to_string(), "pt".to_string())]);
-    let w = Writer::create(path, &outs, &meta)?;
+    let w = Writer::create(path, &outs, metadata)?;
     for (n, _, v) in tensors {
         let b: Vec<u8> = v.iter().flat_map(|x| x.to_le_bytes()).collect();
         w.write(n, &b)?;
