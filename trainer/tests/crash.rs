@@ -382,3 +382,42 @@ fn a_second_comparison_into_the_same_folder_is_refused() {
     );
     assert!(out.join("report.md").is_file());
 }
+
+/// The same kills with FP8 delayed scaling (amax histories in `state.json`) and gradient
+/// accumulation: the second checkpoint write at every point.
+#[test]
+fn sigkill_with_fp8_delayed_scaling_and_accumulation_resumes_bit_identically() {
+    let s = setup();
+    fs::write(
+        &s.config,
+        CONFIG.replace("batch = 2", "batch = 2\ngrad_accum = 2"),
+    )
+    .unwrap();
+    let args = |out: &Path| {
+        let mut a = train_args(&s, out);
+        a.extend(["--recipe".into(), "fp8-delayed".into()]);
+        a
+    };
+    let reference = s.root.join("reference");
+    let mut c = trainer();
+    c.args(args(&reference));
+    let o = run(c);
+    assert!(o.status.success(), "{}", text(&o.stderr));
+    let want = final_state(&reference);
+    let state = String::from_utf8(want.0[2].clone()).unwrap();
+    assert!(state.contains("amax_history"), "quantizer states are saved");
+    let marker = s.root.join("marker");
+    for point in HOOK_POINTS.iter().filter(|p| p.starts_with("checkpoint-")) {
+        let out = s.root.join(point);
+        let mut child = paused_child(&args(&out), point, 2, &marker);
+        child.kill().unwrap();
+        child.wait().unwrap();
+        let o = resume(&out);
+        assert!(o.status.success(), "{point}: {}", text(&o.stderr));
+        assert_clean(&out);
+        assert!(
+            final_state(&out) == want,
+            "final state after a kill at {point}:2"
+        );
+    }
+}
