@@ -401,6 +401,7 @@ pub fn run_compare(args: CompareArgs) -> Result<()> {
         .unwrap_or_else(|| unused_dir(&format!("compare-seed{}-{}", cfg.train.seed, stamp())));
     // one comparison per folder: its report is rewritten at the end
     let _lock = trainer::rundir::RunLock::acquire(&out)?;
+    trainer::rundir::remove_atomic_leftovers(&out)?;
     let first_seed = cfg.train.seed;
     let seeds: Vec<u64> = (0..args.seeds)
         .map(|k| first_seed.checked_add(k).context("seed overflow"))

@@ -9,7 +9,8 @@
 //! * [`existing_run_files`] lists the files that make a directory a run directory
 //!   ([`RUN_FILES`]); [`remove_run_files`] deletes exactly those (`--overwrite`).
 //! * [`remove_leftovers`] deletes `checkpoints/.tmp-step-*` directories and
-//!   `checkpoints/.latest.tmp` that a killed or failed checkpoint write left.
+//!   `checkpoints/.latest.tmp` that a killed or failed checkpoint write left;
+//!   [`remove_atomic_leftovers`] the `.NAME.tmp` files of a killed [`write_atomic`].
 //! * [`write_atomic`] writes a file through a temporary name, fsync and rename, so a reader
 //!   (or a crash) sees the old or the new content, never a truncated file.
 
@@ -227,6 +228,21 @@ pub fn remove_leftovers(checkpoints: &Path) -> Result<Vec<String>, RunDirError> 
     Ok(removed)
 }
 
+/// Deletes the temporary files [`write_atomic`] leaves when it is killed (`.NAME.tmp`
+/// beside the run's files and `report.md` in `dir`). Returns the names removed.
+pub fn remove_atomic_leftovers(dir: &Path) -> Result<Vec<String>, RunDirError> {
+    let mut removed = Vec::new();
+    for name in RUN_FILES.iter().chain(&["report.md"]) {
+        let tmp = format!(".{name}.tmp");
+        let p = dir.join(&tmp);
+        if p.symlink_metadata().is_ok_and(|m| m.is_file()) {
+            fs::remove_file(&p).map_err(io(&p))?;
+            removed.push(tmp);
+        }
+    }
+    Ok(removed)
+}
+
 /// Replaces `path` with `bytes` atomically: write `.NAME.tmp` beside it, fsync, rename.
 pub fn write_atomic(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
     let name = path
@@ -299,6 +315,12 @@ mod tests {
         );
         assert!(ck.join("step-00000002").is_dir());
         let p = tmp.path().join("run.toml");
+        fs::write(tmp.path().join(".run.toml.tmp"), b"a = ").unwrap();
+        fs::write(tmp.path().join(".metrics.jsonl.tmp"), b"{").unwrap();
+        assert_eq!(
+            remove_atomic_leftovers(tmp.path()).unwrap(),
+            [".run.toml.tmp", ".metrics.jsonl.tmp"]
+        );
         write_atomic(&p, b"a = 1\n").unwrap();
         write_atomic(&p, b"a = 2\n").unwrap();
         assert_eq!(fs::read_to_string(&p).unwrap(), "a = 2\n");

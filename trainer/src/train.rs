@@ -997,6 +997,7 @@ impl Trainer {
             rundir::prepare_fresh(&out, self.overwrite)?;
         }
         rundir::remove_leftovers(&out.join("checkpoints"))?;
+        rundir::remove_atomic_leftovers(&out)?;
         let write = |name: &str, text: String| -> Result<(), TrainError> {
             let p = out.join(name);
             rundir::write_atomic(&p, text.as_bytes()).map_err(io_err(&p))
