@@ -68,6 +68,9 @@ pub enum HfError {
     /// The output exists and is not empty.
     #[error("{}: the output exists and is not empty; refusing to overwrite (choose a new directory)", .0.display())]
     OutputExists(PathBuf),
+    /// The folder's tensors do not fit in memory (the message carries the estimate).
+    #[error(transparent)]
+    TooLarge(#[from] crate::memory::TooLarge),
 }
 
 fn io(path: &Path) -> impl FnOnce(std::io::Error) -> HfError + '_ {
@@ -505,7 +508,7 @@ pub fn model_config_from_llama(c: &Value, path: &Path) -> Result<ModelConfig, Hf
         ));
     }
     if let Some(hd) = c.get("head_dim").and_then(Value::as_u64) {
-        if heads == 0 || hd as usize * heads != d {
+        if heads == 0 || hd.checked_mul(heads as u64) != Some(d as u64) {
             return unsupported(format!("head_dim {hd} x {heads} heads != hidden_size {d}"));
         }
     }
@@ -562,6 +565,13 @@ pub fn load_hf(dir: &Path) -> Result<(ModelConfig, Vec<NamedTensor>), HfError> {
             message: "no .safetensors file".into(),
         });
     }
+    // the file bytes, their f32 values (twice the bytes for BF16/F16) and the parameters
+    let bytes: u128 = shards
+        .iter()
+        .filter_map(|p| fs::metadata(p).ok())
+        .map(|m| u128::from(m.len()))
+        .sum();
+    crate::memory::check(&format!("loading {}", dir.display()), bytes * 5)?;
     let mut hf: BTreeMap<String, (Vec<usize>, Vec<f32>)> = BTreeMap::new();
     for p in &shards {
         let bytes = fs::read(p).map_err(io(p))?;
