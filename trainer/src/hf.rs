@@ -541,6 +541,16 @@ pub fn model_config_from_llama(c: &Value, path: &Path) -> Result<ModelConfig, Hf
     Ok(cfg)
 }
 
+/// Whether `path` is a Hugging Face model folder rather than a Nibble checkpoint or run
+/// directory: it has a `config.json` and neither a checkpoint `state.json`, a `latest`
+/// pointer nor a `checkpoints/` folder.
+pub fn is_hf_folder(path: &Path) -> bool {
+    path.join("config.json").is_file()
+        && !path.join(crate::checkpoint::STATE_FILE).exists()
+        && !path.join(crate::checkpoint::LATEST_FILE).exists()
+        && !path.join("checkpoints").exists()
+}
+
 /// Loads a Hugging Face Llama folder (as written by [`export_model`], or any unquantized
 /// Llama checkpoint of a shape the GPT supports) as a Nibble config and parameters named as
 /// in [`crate::model`]. F32 weights load bit for bit; BF16 and F16 are widened exactly.

@@ -61,6 +61,10 @@ pub struct TrainArgs {
     /// checkpoints) and start over; without it an existing run is refused.
     #[arg(long)]
     overwrite: bool,
+    /// Start from a Hugging Face Llama folder (e.g. one written by `trainer export`): the
+    /// model shape and weights come from it, the rest from the other flags.
+    #[arg(long, value_name = "DIR", conflicts_with_all = ["resume", "config", "preset"])]
+    init: Option<PathBuf>,
 }
 
 /// `trainer compare`.
@@ -298,7 +302,16 @@ pub fn run_train(args: TrainArgs) -> Result<()> {
         }
         tr
     } else {
-        let cfg = run_config(&args.run)?;
+        let mut cfg = run_config(&args.run)?;
+        let init = match &args.init {
+            Some(dir) => {
+                let (model, tensors) = trainer::hf::load_hf(dir)?;
+                cfg.model = model;
+                cfg.validate()?;
+                Some(tensors)
+            }
+            None => None,
+        };
         let recipe = Recipe::resolve(&args.recipe)?;
         let out = args.out.clone().unwrap_or_else(|| {
             unused_dir(&format!(
@@ -329,6 +342,9 @@ pub fn run_train(args: TrainArgs) -> Result<()> {
             },
         )?;
         tr.set_overwrite(args.overwrite);
+        if let Some(t) = init {
+            tr.ps.import(&t)?;
+        }
         tr
     };
     let out = tr.opts_out().to_path_buf();

@@ -39,8 +39,18 @@ pub struct Sampler {
 }
 
 impl Sampler {
-    /// Loads a checkpoint (directory or run directory) and sets the precision recipe.
+    /// Loads a checkpoint (directory or run directory), or a Hugging Face Llama folder
+    /// ([`crate::hf::load_hf`]), and sets the precision recipe.
     pub fn load(path: &Path, recipe: Recipe) -> Result<Sampler, TrainError> {
+        if crate::hf::is_hf_folder(path) {
+            let (cfg, tensors) =
+                crate::hf::load_hf(path).map_err(|e| TrainError::Sampling(e.to_string()))?;
+            let mut ps = ParamStore::new();
+            let model = Gpt::new(&mut ps, cfg, 0)?;
+            ps.import(&tensors)
+                .map_err(|e| TrainError::Sampling(format!("{}: {e}", path.display())))?;
+            return Ok(Sampler { ps, model, recipe });
+        }
         let ck = checkpoint::load(path)?;
         let mut ps = ParamStore::new();
         let model = Gpt::new(&mut ps, ck.state.model.clone(), 0)?;
