@@ -270,6 +270,41 @@ fn write_json(path: &Path, v: &Value) -> Result<(), HfError> {
     fs::write(path, s).map_err(io(path))
 }
 
+/// Removes the staging directories `PREFIX<pid>` in `parent` of processes that no longer
+/// run (killed exports: their `Drop` never ran).
+fn remove_stale_staging(parent: &Path, prefix: &str) -> Result<(), HfError> {
+    let entries = fs::read_dir(parent).map_err(io(parent))?;
+    for e in entries.flatten() {
+        let name = e.file_name().to_string_lossy().into_owned();
+        let Some(pid) = name
+            .strip_prefix(prefix)
+            .and_then(|p| p.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        if pid != std::process::id() && !process_alive(pid) {
+            let p = e.path();
+            fs::remove_dir_all(&p).map_err(io(&p))?;
+        }
+    }
+    Ok(())
+}
+
+#[cfg(unix)]
+fn process_alive(pid: u32) -> bool {
+    let Ok(pid) = libc::pid_t::try_from(pid) else {
+        return false;
+    };
+    // SAFETY: signal 0 only checks that the process exists; nothing is sent.
+    let r = unsafe { libc::kill(pid, 0) };
+    r == 0 || std::io::Error::last_os_error().raw_os_error() != Some(libc::ESRCH)
+}
+
+#[cfg(not(unix))]
+fn process_alive(_pid: u32) -> bool {
+    true // unknown: keep it
+}
+
 /// A hidden sibling directory renamed onto `out` on success, removed otherwise.
 struct Staging {
     tmp: PathBuf,
@@ -292,6 +327,7 @@ impl Staging {
             _ => PathBuf::from("."),
         };
         fs::create_dir_all(&parent).map_err(io(&parent))?;
+        remove_stale_staging(&parent, &format!(".{name}.{tag}-"))?;
         let tmp = parent.join(format!(".{name}.{tag}-{}", std::process::id()));
         if tmp.exists() {
             fs::remove_dir_all(&tmp).map_err(io(&tmp))?;

@@ -146,3 +146,21 @@ fn a_huge_hf_folder_is_refused_with_the_estimate() {
     assert!(matches!(e, HfError::TooLarge(_)), "{e}");
     assert!(e.to_string().contains("needs about 5.0 TiB"), "{e}");
 }
+
+/// A killed export leaves its staging directory (`.NAME.export-PID`; its `Drop` never ran):
+/// the next export into the same place removes those of processes that are gone.
+#[test]
+fn a_killed_exports_staging_directory_is_removed_by_the_next_export() {
+    let tmp = tempfile::tempdir().unwrap();
+    let stale = tmp.path().join(".m.export-999999999");
+    fs::create_dir(&stale).unwrap();
+    fs::write(stale.join("model.safetensors"), b"partial").unwrap();
+    let unrelated = tmp.path().join(".m.export-notapid");
+    fs::create_dir(&unrelated).unwrap();
+    let (cfg, t) =
+        hf::load_hf(&Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/hf/tiny")).unwrap();
+    hf::export_model(&cfg, &t, &tmp.path().join("m"), &Default::default()).unwrap();
+    assert!(!stale.exists());
+    assert!(unrelated.exists());
+    assert!(tmp.path().join("m/config.json").is_file());
+}
