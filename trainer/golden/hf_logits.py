@@ -6,12 +6,14 @@ trainer/golden/requirements.txt:
 
     python3 -m venv .venv-hf && .venv-hf/bin/pip install -r trainer/golden/requirements.txt
     .venv-hf/bin/python trainer/golden/hf_logits.py \
-        --model trainer/tests/data/hf/tiny --out trainer/tests/data/hf/logits.safetensors
+        --model trainer/tests/data/hf/tiny --nvfp4-model trainer/tests/data/hf/tiny-nvfp4-ct \
+        --out trainer/tests/data/hf/logits.safetensors
 
 It loads the folder written by `trainer::hf::export_model` with AutoModelForCausalLM and
 AutoTokenizer (nothing Nibble-specific), tokenizes fixed prompts, checks that the tokens are
 the UTF-8 bytes and that decoding gives the prompt back, and records the FP32 logits (eager
-attention). trainer/tests/hf_export.rs compares Nibble's FP32 forward pass with them.
+attention), and the same for the NVFP4 export (compressed-tensors layout), which
+transformers decompresses with compressed-tensors. trainer/tests/hf_export.rs compares Nibble's FP32 forward pass with them.
 """
 
 import argparse
@@ -34,6 +36,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", required=True)
     ap.add_argument("--out", required=True)
+    ap.add_argument("--nvfp4-model", help="the compressed-tensors NVFP4 export of --model")
     a = ap.parse_args()
     torch.manual_seed(0)
     tok = AutoTokenizer.from_pretrained(a.model)
@@ -62,7 +65,27 @@ def main():
         "versions": json.dumps(versions, sort_keys=True),
         "cases": json.dumps([{"prompt": p, "ids": ids} for p, ids, _ in cases]),
     }
-    save_file({f"logits.{i}": c[2] for i, c in enumerate(cases)}, a.out, metadata=meta)
+    tensors = {f"logits.{i}": c[2] for i, c in enumerate(cases)}
+    # The NVFP4 export (compressed-tensors layout), decompressed by compressed-tensors
+    # inside transformers and run in FP32.
+    if a.nvfp4_model:
+        from transformers import CompressedTensorsConfig
+
+        q = AutoModelForCausalLM.from_pretrained(
+            a.nvfp4_model,
+            dtype=torch.float32,
+            attn_implementation="eager",
+            quantization_config=CompressedTensorsConfig(run_compressed=False),
+        )
+        q.eval()
+        for i, (p, ids, _) in enumerate(cases):
+            with torch.no_grad():
+                tensors[f"nvfp4_ct_logits.{i}"] = q(torch.tensor([ids]), use_cache=False).logits[0].contiguous()
+        import compressed_tensors
+
+        versions["compressed-tensors"] = compressed_tensors.__version__
+        meta["versions"] = json.dumps(versions, sort_keys=True)
+    save_file(tensors, a.out, metadata=meta)
     print(versions, [len(c[1]) for c in cases])
 
 

@@ -1,7 +1,8 @@
 //! Hugging Face export / import (`trainer::hf`), checked against `transformers`.
 //!
 //! `tests/data/hf/tiny/` is the export of a deterministic tiny model ([`golden_model`]);
-//! `tests/data/hf/logits.safetensors` holds the logits `transformers` computes with it
+//! `tests/data/hf/tiny-nvfp4-ct/` its NVFP4 export in the compressed-tensors layout;
+//! `tests/data/hf/logits.safetensors` holds the logits `transformers` computes with both
 //! (`trainer/golden/hf_logits.py`, pinned versions in `trainer/golden/requirements.txt`).
 //! Regenerate the folder with `NIBBLE_WRITE_HF_GOLDEN=1 cargo test -p trainer --test
 //! hf_export`, then rerun the script.
@@ -70,12 +71,33 @@ fn golden_model() -> (ModelConfig, Vec<NamedTensor>) {
     (cfg, t)
 }
 
+fn nvfp4_ct() -> ExportOptions {
+    ExportOptions {
+        quantize: Some((Scheme::Nvfp4, Layout::CompressedTensors)),
+        ..Default::default()
+    }
+}
+
 #[test]
 fn export_is_the_committed_golden_folder() {
     let (cfg, t) = golden_model();
     if std::env::var_os("NIBBLE_WRITE_HF_GOLDEN").is_some() {
         let _ = std::fs::remove_dir_all(data("tiny"));
         hf::export_model(&cfg, &t, &data("tiny"), &ExportOptions::default()).unwrap();
+        let _ = std::fs::remove_dir_all(data("tiny-nvfp4-ct"));
+        hf::export_model(&cfg, &t, &data("tiny-nvfp4-ct"), &nvfp4_ct()).unwrap();
+    }
+    // The NVFP4 (compressed-tensors) export of the same model is the committed one too.
+    let d = TempDir::new("golden-q");
+    let out = d.0.join("q");
+    let r = hf::export_model(&cfg, &t, &out, &nvfp4_ct()).unwrap();
+    assert_eq!(r.quantized, 14);
+    for f in &r.files {
+        assert_eq!(
+            std::fs::read(out.join(f)).unwrap(),
+            std::fs::read(data("tiny-nvfp4-ct").join(f)).unwrap(),
+            "{f} differs from the committed golden (regenerate it and the logits)"
+        );
     }
     let d = TempDir::new("golden");
     let out = d.0.join("tiny");
@@ -142,16 +164,16 @@ fn import_round_trips_bit_for_bit() {
     assert_eq!(t4.len(), t3.len());
 }
 
-/// `logits.safetensors`: F32 `logits.{i}` `[len(ids), 256]` per prompt; the metadata's
-/// `cases` is `[{"prompt": str, "ids": [u32]}]`.
-#[test]
-fn fp32_forward_matches_transformers() {
+/// Nibble's FP32 forward pass of the model in `dir` against `transformers`' logits
+/// `{prefix}.{i}` of `logits.safetensors` (F32 `[len(ids), 256]` per prompt; the metadata's
+/// `cases` is `[{"prompt": str, "ids": [u32]}]`); returns the largest difference.
+fn compare_with_transformers(dir: &Path, prefix: &str) -> f32 {
     let bytes = std::fs::read(data("logits.safetensors")).unwrap();
     let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
     let (_, meta) = safetensors::SafeTensors::read_metadata(&bytes).unwrap();
     let cases: serde_json::Value =
         serde_json::from_str(&meta.metadata().as_ref().unwrap()["cases"]).unwrap();
-    let (cfg, t) = hf::load_hf(&data("tiny")).unwrap();
+    let (cfg, t) = hf::load_hf(dir).unwrap();
     let mut ps = ParamStore::new();
     let model = Gpt::new(&mut ps, cfg.clone(), 0).unwrap();
     ps.import(&t).unwrap();
@@ -169,7 +191,7 @@ fn fp32_forward_matches_transformers() {
             .collect();
         // transformers' tokenizer produced exactly the UTF-8 bytes.
         assert_eq!(ids, prompt.bytes().map(u32::from).collect::<Vec<_>>());
-        let view = st.tensor(&format!("logits.{k}")).unwrap();
+        let view = st.tensor(&format!("{prefix}.{k}")).unwrap();
         assert_eq!(view.shape(), [ids.len(), 256]);
         let expected: Vec<f32> = view
             .data()
@@ -187,11 +209,12 @@ fn fp32_forward_matches_transformers() {
         assert_eq!(ours.len(), expected.len());
         let scale = expected.iter().fold(0.0f32, |m, v| m.max(v.abs()));
         assert!(scale > 1.0, "logits are not flat ({scale})");
-        eprintln!("{prompt:?}: largest |logit| {scale}");
+        eprintln!("{prefix} {prompt:?}: largest |logit| {scale}");
         for (i, (a, b)) in ours.iter().zip(&expected).enumerate() {
             let err = (a - b).abs();
             worst = worst.max(err);
-            // Bound: 1e-5 of the largest |logit| (observed: 3.2e-6 absolute with logits up to 3.7).
+            // Bound: 1e-5 of the largest |logit| (observed: 3.2e-6 absolute with logits up
+            // to 3.7).
             assert!(err <= 1e-5 * scale, "{prompt:?} logit {i}: {a} vs {b}");
         }
         // Same greedy next token at every position.
@@ -203,7 +226,30 @@ fn fp32_forward_matches_transformers() {
             assert_eq!(row(&ours), row(&expected), "{prompt:?} position {p}");
         }
     }
-    eprintln!("largest |Nibble - transformers| logit difference: {worst:e}");
+    eprintln!("{prefix}: largest |Nibble - transformers| logit difference: {worst:e}");
+    worst
+}
+
+#[test]
+fn fp32_forward_matches_transformers() {
+    compare_with_transformers(&data("tiny"), "logits");
+}
+
+/// transformers loads the compressed-tensors NVFP4 export (decompressing it to BF16 weights
+/// with compressed-tensors); Nibble dequantizes the same folder with `fp_formats::checkpoint`
+/// (BF16, the library's own decompression bit for bit) and runs its FP32 forward pass.
+#[test]
+fn nvfp4_export_runs_in_transformers_as_here() {
+    let d = TempDir::new("nvfp4-fwd");
+    let deq = d.0.join("deq");
+    fp_formats::checkpoint::dequantize_checkpoint(
+        &data("tiny-nvfp4-ct"),
+        &deq,
+        &fp_formats::checkpoint::DequantizeOptions::default(),
+        &fp_formats::checkpoint::NoProgress,
+    )
+    .unwrap();
+    compare_with_transformers(&deq, "nvfp4_ct_logits");
 }
 
 #[test]
