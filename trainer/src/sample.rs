@@ -93,7 +93,7 @@ impl Sampler {
     pub fn generate(&mut self, prompt: &[u32], cfg: &SampleConfig) -> Result<Vec<u32>, TrainError> {
         if !(cfg.temperature.is_finite() && cfg.temperature >= 0.0) {
             return Err(TrainError::Sampling(format!(
-                "temperature {} must be >= 0",
+                "temperature {} must be finite and >= 0",
                 cfg.temperature
             )));
         }

@@ -380,9 +380,20 @@ fn messages_name_the_real_problem() {
             "--tokens",
             "2",
         ],
-        "invalid sampling settings: temperature -1",
+        "invalid sampling settings: temperature -1 must be finite and >= 0",
     );
     assert!(!err.contains("run config"), "{err}");
+    fails_with(
+        &[
+            "sample",
+            good.to_str().unwrap(),
+            "--temperature",
+            "inf",
+            "--tokens",
+            "2",
+        ],
+        "temperature inf must be finite",
+    );
     // an upper-case .BIN is a token shard, not text
     let shard = tmp.path().join("TOKENS.BIN");
     let tokens: Vec<u16> = trainer::data::generate(5, 20_000)
