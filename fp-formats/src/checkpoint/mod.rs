@@ -15,8 +15,9 @@
 //! F32, with per-tensor error statistics against a reference checkpoint.
 //!
 //! Files are memory-mapped and processed one tensor per task on the rayon pool; a task holds
-//! the tensor widened to f32 plus its outputs, so peak memory is about `threads ×
-//! 9 bytes × (elements of the largest tensor)`, not the model. The output is built in a
+//! the tensor widened to f32 plus its outputs (the error statistics are accumulated block by
+//! block), so peak memory is about `threads × 5 bytes × (elements of the largest tensor)`
+//! beyond the mapped files, not the model. The output is built in a
 //! hidden sibling directory and renamed into place at the end; an output that exists and is
 //! not an empty directory is refused. On any error the partial directory is removed.
 //!
@@ -403,19 +404,67 @@ fn nonfinite(path: &Path, t: &InTensor, x: &[f32]) -> CheckpointError {
     }
 }
 
+/// Error statistics accumulated block by block, with exactly the arithmetic of
+/// [`ErrorStats::new`] (one pass, no dequantized copy of the tensor).
+#[derive(Default)]
+struct StatsAcc {
+    n: usize,
+    sig: f64,
+    noise: f64,
+    err_sum: f64,
+    mag_sum: f64,
+    max_err: f64,
+    flushed: usize,
+    clipped: usize,
+}
+
+impl StatsAcc {
+    fn add(&mut self, x: &[f32], y: &[f32], clip_at: f32) {
+        for (&xf, &yf) in x.iter().zip(y) {
+            let (xv, yv) = (xf as f64, yf as f64);
+            let e = yv - xv;
+            self.sig += xv * xv;
+            self.noise += e * e;
+            self.err_sum += e;
+            self.mag_sum += xv.abs();
+            self.max_err = self.max_err.max(e.abs());
+            self.flushed += (xv != 0.0 && yv == 0.0) as usize;
+            self.clipped += (xf.abs() > clip_at) as usize;
+        }
+        self.n += x.len();
+    }
+
+    fn finish(self) -> ErrorStats {
+        if self.n == 0 {
+            return ErrorStats::default();
+        }
+        let nf = self.n as f64;
+        ErrorStats {
+            count: self.n,
+            rmse: (self.noise / nf).sqrt(),
+            sqnr_db: 10.0 * (self.sig / self.noise).log10(),
+            relative_bias: if self.mag_sum > 0.0 {
+                self.err_sum / self.mag_sum
+            } else {
+                0.0
+            },
+            max_abs_error: self.max_err,
+            clipped_fraction: self.clipped as f64 / nf,
+            flushed_fraction: self.flushed as f64 / nf,
+        }
+    }
+}
+
 /// Quantizes one f32 weight; returns the output tensors' bytes (in [`quantized_outputs`]
-/// order) and the error statistics.
+/// order) and the error statistics (an element counts as clipped when its magnitude exceeds
+/// the element maximum times its block's scale).
 fn quantize_one(
     x: &[f32],
     rows: usize,
     cols: usize,
     opts: &QuantizeOptions,
 ) -> Result<(Vec<Vec<u8>>, Option<ErrorStats>), crate::FormatError> {
-    let mut deq = if opts.no_stats {
-        vec![]
-    } else {
-        vec![0.0f32; x.len()]
-    };
+    let mut acc = StatsAcc::default();
     match opts.scheme {
         Scheme::Nvfp4 => {
             let (q, conv) = match opts.layout {
@@ -429,20 +478,21 @@ fn quantize_one(
                 ),
             };
             let stats = (!opts.no_stats).then(|| {
-                layouts::nvfp4_dequantize(&q.packed, &q.scales, q.tensor_scale, conv, &mut deq);
-                let clipped = x
+                let mut y = [0.0f32; 16];
+                for ((b, c), s) in x
                     .chunks_exact(16)
-                    .zip(&q.scales)
-                    .map(|(b, &s)| {
-                        let f = crate::ElementFormat::to_f32(crate::E4M3(s));
-                        let d = match conv {
-                            Nvfp4Convention::ModelOpt => f * q.tensor_scale,
-                            Nvfp4Convention::CompressedTensors => f / q.tensor_scale,
-                        };
-                        b.iter().filter(|&&v| (v / d).abs() > 6.0).count()
-                    })
-                    .sum();
-                ErrorStats::new(x, &deq, clipped)
+                    .zip(q.packed.chunks_exact(8))
+                    .zip(q.scales.chunks_exact(1))
+                {
+                    layouts::nvfp4_dequantize(c, s, q.tensor_scale, conv, &mut y);
+                    let f = crate::ElementFormat::to_f32(crate::E4M3(s[0]));
+                    let d = match conv {
+                        Nvfp4Convention::ModelOpt => f * q.tensor_scale,
+                        Nvfp4Convention::CompressedTensors => f / q.tensor_scale,
+                    };
+                    acc.add(b, &y, 6.0 * d);
+                }
+                acc.finish()
             });
             let ts = q.tensor_scale.to_le_bytes().to_vec();
             Ok((vec![q.packed, q.scales, ts], stats))
@@ -450,16 +500,16 @@ fn quantize_one(
         Scheme::Mxfp8 => {
             let q = layouts::mxfp8_quantize(x, rows, cols, opts.mx_scale)?;
             let stats = (!opts.no_stats).then(|| {
-                layouts::mxfp8_dequantize(&q.codes, &q.scales, &mut deq);
-                let clipped = x
+                let mut y = [0.0f32; 32];
+                for ((b, c), s) in x
                     .chunks_exact(32)
-                    .zip(&q.scales)
-                    .map(|(b, &s)| {
-                        let r = crate::E8M0(s).reciprocal();
-                        b.iter().filter(|&&v| (v * r).abs() > 448.0).count()
-                    })
-                    .sum();
-                ErrorStats::new(x, &deq, clipped)
+                    .zip(q.codes.chunks_exact(32))
+                    .zip(q.scales.chunks_exact(1))
+                {
+                    layouts::mxfp8_dequantize(c, s, &mut y);
+                    acc.add(b, &y, 448.0 * crate::E8M0(s[0]).value());
+                }
+                acc.finish()
             });
             Ok((vec![q.codes, q.scales], stats))
         }
@@ -1109,4 +1159,50 @@ pub fn write_f32_checkpoint_with_metadata(
         w.write(n, &b)?;
     }
     w.finish()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fused_statistics_equal_error_stats() {
+        let x: Vec<f32> = (0..64 * 96)
+            .map(|i| ((i * 7919 % 1013) as f32 / 500.0 - 1.0) * (1.0 + (i % 97) as f32))
+            .collect();
+        for (scheme, layout) in [
+            (Scheme::Nvfp4, Layout::ModelOpt),
+            (Scheme::Nvfp4, Layout::CompressedTensors),
+            (Scheme::Mxfp8, Layout::CompressedTensors),
+        ] {
+            let opts = QuantizeOptions {
+                scheme,
+                layout,
+                ..Default::default()
+            };
+            let (bytes, stats) = quantize_one(&x, 64, 96, &opts).unwrap();
+            let mut y = vec![0.0f32; x.len()];
+            match scheme {
+                Scheme::Nvfp4 => {
+                    let ts = f32::from_le_bytes(bytes[2][..4].try_into().unwrap());
+                    let conv = if layout == Layout::ModelOpt {
+                        Nvfp4Convention::ModelOpt
+                    } else {
+                        Nvfp4Convention::CompressedTensors
+                    };
+                    layouts::nvfp4_dequantize(&bytes[0], &bytes[1], ts, conv, &mut y);
+                }
+                Scheme::Mxfp8 => layouts::mxfp8_dequantize(&bytes[0], &bytes[1], &mut y),
+            }
+            let s = stats.unwrap();
+            let reference = ErrorStats::new(&x, &y, (s.clipped_fraction * x.len() as f64) as usize);
+            assert_eq!(s, reference, "{scheme:?} {layout:?}");
+            if scheme == Scheme::Nvfp4 {
+                assert!(
+                    s.clipped_fraction > 0.0,
+                    "NVFP4 scales round down: some clip"
+                );
+            }
+        }
+    }
 }
