@@ -51,9 +51,10 @@ pub const DEFAULT_TOLERANCES: Tolerances = Tolerances {
     balance: 0.25,
 };
 
-/// Bounds of a derived timing tolerance: at least 10% (CI shares a host with other tenants),
-/// at most 25% (so that a 30% slowdown always fails).
-pub const DERIVED_TOLERANCE_RANGE: (f64, f64) = (0.10, 0.25);
+/// Bounds of a derived timing tolerance: at least 15% (CI shares its host with other tenants:
+/// in-cache kernel ratios were seen to move by up to 15% under a load average of 16, with
+/// no change in the code), at most 25% (so that a 30% slowdown always fails).
+pub const DERIVED_TOLERANCE_RANGE: (f64, f64) = (0.15, 0.25);
 
 /// Multiple of the largest run-to-run deviation a derived tolerance allows.
 pub const DERIVED_TOLERANCE_FACTOR: f64 = 3.0;
@@ -676,10 +677,10 @@ pub(super) mod tests {
 
     #[test]
     fn derived_tolerances_follow_the_spread_within_bounds() {
-        // 2% spread: floor of 10%
+        // 2% spread: floor of 15%
         let (m, t, how) = derive_tolerance(&[1.0, 1.02, 0.99, 1.01, 1.0]).unwrap();
         assert_eq!(m, 1.0);
-        assert_eq!(t, 0.10);
+        assert_eq!(t, 0.15);
         assert!(how.contains("5 runs"));
         // 6% deviation: 3 x 6% = 18%
         let (_, t, _) = derive_tolerance(&[1.0, 1.06, 1.0]).unwrap();
