@@ -352,3 +352,102 @@ fn selection_patterns_and_folders_with_shards() {
         serde_json::from_str(&std::fs::read_to_string(back.join("config.json")).unwrap()).unwrap();
     assert!(cfg.get("quantization_config").is_none());
 }
+
+#[test]
+fn hostile_quantized_tensors_are_typed_errors() {
+    let d = TempDir::new("hostile");
+    let cases: Vec<(&str, Vec<(&str, Dtype, Vec<usize>, Vec<u8>)>)> = vec![
+        (
+            "F32 packed data",
+            vec![
+                ("a.weight_packed", Dtype::F32, vec![2, 8], vec![0; 64]),
+                ("a.weight_scale", Dtype::F8_E4M3, vec![2, 1], vec![0x38; 2]),
+                ("a.weight_global_scale", Dtype::F32, vec![1], vec![0; 4]),
+            ],
+        ),
+        (
+            "0-d packed data",
+            vec![
+                ("a.weight_packed", Dtype::U8, vec![], vec![0]),
+                ("a.weight_scale", Dtype::F8_E4M3, vec![2, 1], vec![0x38; 2]),
+                ("a.weight_global_scale", Dtype::F32, vec![1], vec![0; 4]),
+            ],
+        ),
+        (
+            "scale of the wrong shape",
+            vec![
+                ("a.weight", Dtype::U8, vec![2, 8], vec![0; 16]),
+                ("a.weight_scale", Dtype::F8_E4M3, vec![2, 2], vec![0x38; 4]),
+                ("a.weight_scale_2", Dtype::F32, vec![], vec![0; 4]),
+            ],
+        ),
+        (
+            "a global scale of two values",
+            vec![
+                ("a.weight_packed", Dtype::U8, vec![2, 8], vec![0; 16]),
+                ("a.weight_scale", Dtype::F8_E4M3, vec![2, 1], vec![0x38; 2]),
+                ("a.weight_global_scale", Dtype::F32, vec![2], vec![0; 8]),
+            ],
+        ),
+        (
+            "MXFP8 codes of the wrong dtype",
+            vec![
+                ("a.weight", Dtype::F16, vec![2, 32], vec![0; 128]),
+                ("a.weight_scale", Dtype::U8, vec![2, 1], vec![127; 2]),
+            ],
+        ),
+    ];
+    for (i, (what, tensors)) in cases.into_iter().enumerate() {
+        let p = d.0.join(format!("h{i}.safetensors"));
+        std::fs::write(&p, serialize(tensors)).unwrap();
+        let out = d.0.join(format!("h{i}-out"));
+        let e = dequantize_checkpoint(&p, &out, &DequantizeOptions::default(), &NoProgress)
+            .expect_err(what);
+        assert!(matches!(e, CheckpointError::Layout { .. }), "{what}: {e}");
+        assert!(!out.exists(), "{what}");
+    }
+    // A shard index that is not an object is copied through, not a panic.
+    let model = d.0.join("model");
+    std::fs::create_dir(&model).unwrap();
+    good_input(&model);
+    std::fs::write(model.join("model.safetensors.index.json"), "[1, 2]").unwrap();
+    quantize(&model, &d.0.join("q")).unwrap();
+}
+
+/// Every single-byte corruption of a quantized checkpoint's header and data is either
+/// dequantized or a typed error, never a panic (deterministic byte positions and values).
+#[test]
+fn corrupted_quantized_files_never_panic() {
+    let d = TempDir::new("flip");
+    let input = good_input(&d.0);
+    let q = d.0.join("q");
+    quantize(&input, &q).unwrap();
+    let good = std::fs::read(q.join("model.safetensors")).unwrap();
+    let mut state = 0x9E37_79B9_7F4A_7C15u64;
+    let (mut ok, mut err) = (0, 0);
+    for i in 0..300 {
+        state = state
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        let mut b = good.clone();
+        // Half of the flips in the 8-byte length + JSON header, half anywhere.
+        let header = 8 + u64::from_le_bytes(good[..8].try_into().unwrap()) as usize;
+        let span = if i % 2 == 0 { header } else { good.len() };
+        let pos = (state >> 33) as usize % span;
+        b[pos] ^= 1 << ((state >> 20) % 8);
+        let dir = d.0.join(format!("c{i}"));
+        std::fs::create_dir(&dir).unwrap();
+        std::fs::write(dir.join("model.safetensors"), &b).unwrap();
+        let out = d.0.join(format!("c{i}-out"));
+        match dequantize_checkpoint(&dir, &out, &DequantizeOptions::default(), &NoProgress) {
+            Ok(_) => ok += 1,
+            Err(_) => {
+                assert!(!out.exists());
+                err += 1
+            }
+        }
+        let _ = std::fs::remove_dir_all(&out);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+    assert!(ok > 0 && err > 0, "{ok} loaded, {err} refused");
+}

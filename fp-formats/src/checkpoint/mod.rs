@@ -770,7 +770,12 @@ pub fn quantize_checkpoint(
                 }
                 idx["weight_map"] = Value::Object(new);
             }
-            idx["metadata"]["total_size"] = json!(report.bytes_written);
+            if let Some(m) = idx.as_object_mut() {
+                let meta = m.entry("metadata").or_insert_with(|| json!({}));
+                if let Some(meta) = meta.as_object_mut() {
+                    meta.insert("total_size".into(), json!(report.bytes_written));
+                }
+            }
             write_json(&dst, &idx)?;
         } else if n == "hf_quant_config.json" {
             continue;
@@ -792,6 +797,15 @@ pub fn quantize_checkpoint(
     }
     staging.commit()?;
     Ok(report)
+}
+
+/// The logical `[N, K]` of packed FP4 data `[N, K/2]` (empty when it is not 2-D, which the
+/// caller rejects).
+fn packed_shape(t: &InTensor) -> Vec<usize> {
+    match t.shape[..] {
+        [n, half] => vec![n, half.saturating_mul(2)],
+        _ => vec![],
+    }
 }
 
 /// How a quantized weight `P.weight` is stored.
@@ -872,10 +886,7 @@ pub fn dequantize_checkpoint(
             };
             let (stored, shape) = if let Some(packed) = f.get(&format!("{p}.weight_packed")) {
                 let g = need(&format!("{p}.weight_global_scale"))?;
-                let s = vec![
-                    packed.shape[0],
-                    packed.shape.get(1).copied().unwrap_or(0) * 2,
-                ];
+                let s = packed_shape(packed);
                 (
                     Stored::Nvfp4 {
                         packed,
@@ -889,7 +900,7 @@ pub fn dequantize_checkpoint(
                 let w = need(&format!("{p}.weight"))?;
                 if w.dtype == Dtype::U8 {
                     let s2 = need(&format!("{p}.weight_scale_2"))?;
-                    let s = vec![w.shape[0], w.shape.get(1).copied().unwrap_or(0) * 2];
+                    let s = packed_shape(w);
                     (
                         Stored::Nvfp4 {
                             packed: w,
@@ -913,9 +924,14 @@ pub fn dequantize_checkpoint(
                 Stored::Nvfp4 { .. } => (16, [Dtype::F8_E4M3, Dtype::F8_E4M3]),
                 Stored::Mxfp8 { .. } => (32, [Dtype::U8, Dtype::F8_E8M0]),
             };
-            let ok = shape.len() == 2
-                && t.shape == [shape[0], shape[1] / block]
+            let data_ok = match &stored {
+                Stored::Nvfp4 { packed, .. } => packed.dtype == Dtype::U8,
+                Stored::Mxfp8 { codes, .. } => codes.dtype == Dtype::F8_E4M3,
+            };
+            let ok = data_ok
+                && shape.len() == 2
                 && shape[1] % block == 0
+                && t.shape == [shape[0], shape[1] / block]
                 && sdt.contains(&t.dtype);
             if !ok {
                 return Err(layout_err(
@@ -1097,7 +1113,12 @@ pub fn dequantize_checkpoint(
                 }
                 idx["weight_map"] = Value::Object(new);
             }
-            idx["metadata"]["total_size"] = json!(report.bytes_written);
+            if let Some(m) = idx.as_object_mut() {
+                let meta = m.entry("metadata").or_insert_with(|| json!({}));
+                if let Some(meta) = meta.as_object_mut() {
+                    meta.insert("total_size".into(), json!(report.bytes_written));
+                }
+            }
             write_json(&dst, &idx)?;
         } else {
             fs::copy(side, &dst).map_err(CheckpointError::io(side))?;
