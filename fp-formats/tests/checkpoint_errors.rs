@@ -65,7 +65,10 @@ fn quantize(input: &Path, out: &Path) -> Result<fp_formats::checkpoint::Report, 
     quantize_checkpoint(input, out, &QuantizeOptions::default(), &NoProgress)
 }
 
-fn serialize(tensors: Vec<(&str, Dtype, Vec<usize>, Vec<u8>)>) -> Vec<u8> {
+/// A tensor to serialize: name, dtype, shape, raw bytes.
+type Raw<'a> = (&'a str, Dtype, Vec<usize>, Vec<u8>);
+
+fn serialize(tensors: Vec<Raw>) -> Vec<u8> {
     let views: Vec<(String, TensorView)> = tensors
         .iter()
         .map(|(n, d, s, b)| (n.to_string(), TensorView::new(*d, s.clone(), b).unwrap()))
@@ -356,7 +359,7 @@ fn selection_patterns_and_folders_with_shards() {
 #[test]
 fn hostile_quantized_tensors_are_typed_errors() {
     let d = TempDir::new("hostile");
-    let cases: Vec<(&str, Vec<(&str, Dtype, Vec<usize>, Vec<u8>)>)> = vec![
+    let cases: Vec<(&str, Vec<Raw>)> = vec![
         (
             "F32 packed data",
             vec![
