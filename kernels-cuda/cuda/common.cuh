@@ -249,15 +249,23 @@ NB_DEV u32 mx_scale(float amax, int elem, int rule) {
   if (ab >= 0x7F800000u) return 0xFFu;  // !is_finite
   float a = u2f(ab);
   int emax = elem_emax(elem);
-  if (rule == kRceil) return rceil_e8m0(__fmul_rn(a, elem_inv_max(elem)));
-  if (rule == kFloor) return e8m0_from_exponent_clamped((int)(ab >> 23) - 127 - emax);
-  if (rule == kEven) {
+  u32 s;
+  if (rule == kRceil) {
+    s = rceil_e8m0(__fmul_rn(a, elem_inv_max(elem)));
+  } else if (rule == kFloor) {
+    s = e8m0_from_exponent_clamped((int)(ab >> 23) - 127 - emax);
+  } else if (rule == kEven) {
     u32 mbits = elem_mbits(elem);
     u32 rounded = (ab + (1u << (23u - mbits - 1u))) & 0x7F800000u;
-    return e8m0_from_exponent_clamped((int)(rounded >> 23) - 127 - emax);
+    s = e8m0_from_exponent_clamped((int)(rounded >> 23) - 127 - emax);
+  } else {
+    int e = (int)(ab >> 23) - 127 + (int)((ab & 0x7FFFFFu) != 0u);
+    s = e8m0_from_exponent_clamped(e - emax);
   }
-  int e = (int)(ab >> 23) - 127 + (int)((ab & 0x7FFFFFu) != 0u);
-  return e8m0_from_exponent_clamped(e - emax);
+  // At most 2^(127 - emax) (fp_formats mx::max_scale): the largest element times the scale
+  // stays finite in f32, so a block near f32's maximum saturates instead of becoming +inf.
+  u32 cap = (u32)(254 - emax);
+  return s < cap ? s : cap;
 }
 
 // ------------------------------------------------------------------------------------------

@@ -566,6 +566,48 @@ fn emulated_mx_matches_quant() {
 }
 
 #[test]
+fn emulated_mx_blocks_near_f32_max_match_quant() {
+    let Some(e) = emu("emulated_mx_blocks_near_f32_max_match_quant") else {
+        return;
+    };
+    // Block maxima up to f32::MAX, where every rule's scale is capped at mx::max_scale so
+    // the elements saturate instead of dequantizing to +inf.
+    let (rows, cols) = (32, 64);
+    let big = [
+        f32::MAX,
+        -3.3e38,
+        3.0e38,
+        1.0e38,
+        -2.5e38,
+        1.0,
+        0.0,
+        -1.0e30,
+    ];
+    let x: Vec<f32> = (0..rows * cols)
+        .map(|i| big[(i * 7 + i / cols) % big.len()])
+        .collect();
+    let rules = [
+        ScaleRule::Rceil,
+        ScaleRule::Floor,
+        ScaleRule::Ceil,
+        ScaleRule::Even,
+    ];
+    let cases = mx_cases(&[MxElement::E4M3, MxElement::E5M2, MxElement::E2M1], &rules);
+    for_each_case(&cases, &USAGES, rows, cols, |usage, q, what| {
+        check(
+            e,
+            &x,
+            rows,
+            cols,
+            usage,
+            q,
+            KEY,
+            &format!("near f32::MAX {what}"),
+        )
+    });
+}
+
+#[test]
 fn emulated_mx_cast_transpose_matches_two_quantizations() {
     let Some(e) = emu("emulated_mx_cast_transpose_matches_two_quantizations") else {
         return;
