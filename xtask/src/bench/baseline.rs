@@ -77,6 +77,10 @@ pub struct Entry {
     /// How `tolerance` was obtained.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tolerance_from: Option<String>,
+    /// Why this timing ratio is reported but not gated on this machine: it moved between runs
+    /// by more than a tolerance may allow while still failing a 30% slowdown.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub not_gated: Option<String>,
 }
 
 /// Which machine a profile belongs to.
@@ -150,13 +154,27 @@ pub struct Baseline {
     pub machines: Vec<Profile>,
 }
 
-/// A tolerance derived from repeated runs: `(value, tolerance, how)`.
-pub type Derived = BTreeMap<String, (f64, f64, String)>;
+/// What repeated runs say about one timing ratio.
+#[derive(Clone, Debug, PartialEq)]
+pub struct DerivedTolerance {
+    /// The median over the runs (the accepted value).
+    pub value: f64,
+    /// The tolerance, or None when the ratio is too noisy to gate here.
+    pub tolerance: Option<f64>,
+    /// How it was obtained (or why it is not gated).
+    pub how: String,
+}
+
+/// Derived tolerances by metric name.
+pub type Derived = BTreeMap<String, DerivedTolerance>;
 
 /// The median of `values` and a tolerance of [`DERIVED_TOLERANCE_FACTOR`] times their largest
-/// relative deviation from it (in log terms, so a halving and a doubling weigh alike), within
-/// [`DERIVED_TOLERANCE_RANGE`]; with a description of how it was obtained.
-pub fn derive_tolerance(values: &[f64]) -> Option<(f64, f64, String)> {
+/// relative deviation from it (in log terms, so a halving and a doubling weigh alike), at
+/// least the floor of [`DERIVED_TOLERANCE_RANGE`]; with a description of how it was obtained.
+/// A ratio whose derived tolerance would exceed the range's cap is too noisy to gate: a
+/// tolerance wide enough for its noise would let a 30% slowdown pass, so it is reported
+/// instead (its kernel's instruction count still gates).
+pub fn derive_tolerance(values: &[f64]) -> Option<DerivedTolerance> {
     let mut v: Vec<f64> = values.iter().copied().filter(|x| *x > 0.0).collect();
     if v.len() < 2 || v.len() != values.len() || v.iter().any(|x| !x.is_finite()) {
         return None;
@@ -174,23 +192,41 @@ pub fn derive_tolerance(values: &[f64]) -> Option<(f64, f64, String)> {
         .fold(0.0, f64::max)
         .exp_m1();
     let (lo, hi) = DERIVED_TOLERANCE_RANGE;
-    let tol = (DERIVED_TOLERANCE_FACTOR * dev).clamp(lo, hi);
-    let how = format!(
-        "{DERIVED_TOLERANCE_FACTOR} x the largest deviation from the median over {n} runs ({:.1}%), within [{:.0}%, {:.0}%]",
-        100.0 * dev,
-        100.0 * lo,
-        100.0 * hi
-    );
-    Some((median, tol, how))
+    let wanted = DERIVED_TOLERANCE_FACTOR * dev;
+    if wanted > hi {
+        return Some(DerivedTolerance {
+            value: median,
+            tolerance: None,
+            how: format!(
+                "too noisy to gate on this machine: largest deviation from the median over {n} runs {:.1}%, and {DERIVED_TOLERANCE_FACTOR} x that exceeds the {:.0}% cap that keeps a 30% slowdown failing",
+                100.0 * dev,
+                100.0 * hi
+            ),
+        });
+    }
+    Some(DerivedTolerance {
+        value: median,
+        tolerance: Some(wanted.max(lo)),
+        how: format!(
+            "{DERIVED_TOLERANCE_FACTOR} x the largest deviation from the median over {n} runs ({:.1}%), within [{:.0}%, {:.0}%]",
+            100.0 * dev,
+            100.0 * lo,
+            100.0 * hi
+        ),
+    })
 }
 
-fn entry(m: &Metric, old: Option<&Entry>, derived: Option<&(f64, f64, String)>) -> Entry {
-    let (value, tolerance, tolerance_from) = match derived {
-        Some((v, t, how)) => (*v, Some(*t), Some(how.clone())),
+fn entry(m: &Metric, old: Option<&Entry>, derived: Option<&DerivedTolerance>) -> Entry {
+    let (value, tolerance, tolerance_from, not_gated) = match derived {
+        Some(d) => match d.tolerance {
+            Some(t) => (d.value, Some(t), Some(d.how.clone()), None),
+            None => (d.value, None, None, Some(d.how.clone())),
+        },
         None => (
             m.value,
             old.and_then(|e| e.tolerance),
             old.and_then(|e| e.tolerance_from.clone()),
+            old.and_then(|e| e.not_gated.clone()),
         ),
     };
     Entry {
@@ -200,6 +236,7 @@ fn entry(m: &Metric, old: Option<&Entry>, derived: Option<&(f64, f64, String)>) 
         basis: m.basis,
         tolerance,
         tolerance_from,
+        not_gated,
     }
 }
 
@@ -461,7 +498,9 @@ pub fn compare(
             continue;
         };
         let tol = base.tolerance_of(e);
-        let status = if e.basis == Some(Basis::Memory) && !matched.memory_ratios_compared {
+        let status = if let Some(why) = &e.not_gated {
+            Status::NotCompared(why.clone())
+        } else if e.basis == Some(Basis::Memory) && !matched.memory_ratios_compared {
             Status::NotCompared(
                 "memory-bound ratio on a host whose memory/compute balance differs from the profile's".into(),
             )
@@ -678,16 +717,25 @@ pub(super) mod tests {
     #[test]
     fn derived_tolerances_follow_the_spread_within_bounds() {
         // 2% spread: floor of 15%
-        let (m, t, how) = derive_tolerance(&[1.0, 1.02, 0.99, 1.01, 1.0]).unwrap();
-        assert_eq!(m, 1.0);
-        assert_eq!(t, 0.15);
-        assert!(how.contains("5 runs"));
+        let d = derive_tolerance(&[1.0, 1.02, 0.99, 1.01, 1.0]).unwrap();
+        assert_eq!((d.value, d.tolerance), (1.0, Some(0.15)));
+        assert!(d.how.contains("5 runs"));
         // 6% deviation: 3 x 6% = 18%
-        let (_, t, _) = derive_tolerance(&[1.0, 1.06, 1.0]).unwrap();
+        let t = derive_tolerance(&[1.0, 1.06, 1.0])
+            .unwrap()
+            .tolerance
+            .unwrap();
         assert!((t - 0.18).abs() < 1e-9, "{t}");
-        // 20% deviation: capped at 25%, so a 30% slowdown still fails
-        let (_, t, _) = derive_tolerance(&[1.0, 1.2, 1.0]).unwrap();
-        assert_eq!(t, 0.25);
+        // 8% deviation: 24%, still under the cap
+        let t = derive_tolerance(&[1.0, 1.08, 1.0])
+            .unwrap()
+            .tolerance
+            .unwrap();
+        assert!((t - 0.24).abs() < 1e-9, "{t}");
+        // 20% deviation: a tolerance for that would let a 30% slowdown pass: not gated
+        let d = derive_tolerance(&[1.0, 1.2, 1.0]).unwrap();
+        assert_eq!((d.value, d.tolerance), (1.0, None));
+        assert!(d.how.contains("too noisy"), "{}", d.how);
         assert!(derive_tolerance(&[1.0]).is_none());
         assert!(derive_tolerance(&[1.0, f64::NAN]).is_none());
         assert!(derive_tolerance(&[1.0, 0.0]).is_none());
@@ -695,12 +743,36 @@ pub(super) mod tests {
 
     #[test]
     fn derived_values_and_tolerances_are_accepted() {
-        let run = [metric("q/speed", 0.9, Better::Higher, Kind::Ratio)];
+        let run = [
+            metric("q/speed", 0.9, Better::Higher, Kind::Ratio),
+            metric("q/noisy", 0.9, Better::Higher, Kind::Ratio),
+        ];
         let mut d = Derived::new();
-        d.insert("q/speed".into(), (1.0, 0.12, "how".into()));
-        let b = Baseline::accept(&run, None, &machine("cpu", 1.0, 1.0), &d, "x".into());
+        let derived = |value, tolerance, how: &str| DerivedTolerance {
+            value,
+            tolerance,
+            how: how.into(),
+        };
+        d.insert("q/speed".into(), derived(1.0, Some(0.2), "how"));
+        d.insert("q/noisy".into(), derived(1.0, None, "too noisy"));
+        let here = machine("cpu", 1.0, 1.0);
+        let b = Baseline::accept(&run, None, &here, &d, "x".into());
         let e = &b.machines[0].metrics["q/speed"];
-        assert_eq!((e.value, e.tolerance), (1.0, Some(0.12)));
+        assert_eq!((e.value, e.tolerance), (1.0, Some(0.2)));
         assert_eq!(e.tolerance_from.as_deref(), Some("how"));
+        // The noisy one is reported whatever its value; the other still gates.
+        let slow = [
+            metric("q/speed", 0.5, Better::Higher, Kind::Ratio),
+            metric("q/noisy", 0.1, Better::Higher, Kind::Ratio),
+        ];
+        let (_, v) = compare(&slow, &b, &here, &[]);
+        assert!(v[0].status.fails());
+        assert_eq!(v[1].status, Status::NotCompared("too noisy".into()));
+        // An update without --runs keeps the verdict.
+        let b2 = Baseline::accept(&run, Some(&b), &here, &Derived::new(), "y".into());
+        assert_eq!(
+            b2.machines[0].metrics["q/noisy"].not_gated.as_deref(),
+            Some("too noisy")
+        );
     }
 }

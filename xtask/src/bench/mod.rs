@@ -247,11 +247,17 @@ pub fn run(args: &[String]) -> Result<()> {
         }
         for (name, values) in &samples {
             if let Some(d) = derive_tolerance(values) {
+                let tol = d.tolerance.map_or("not gated (too noisy)".into(), |t| {
+                    format!("tolerance {:.0}%", 100.0 * t)
+                });
                 println!(
-                    "  {name:<48} median {:.4}, tolerance {:.0}% ({} values)",
-                    d.0,
-                    100.0 * d.1,
-                    values.len()
+                    "  {name:<48} median {:.4}, {tol}; values {}",
+                    d.value,
+                    values
+                        .iter()
+                        .map(|v| format!("{v:.4}"))
+                        .collect::<Vec<_>>()
+                        .join(" ")
                 );
                 derived.insert(name.clone(), d);
             }
