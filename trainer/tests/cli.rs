@@ -1,23 +1,9 @@
 //! Tests of the `trainer` binary.
 
-use std::process::{Command, Output};
+mod common;
+use common::{stderr, stdout, trainer};
 
 use trainer::recipe::{Recipe, BUILTIN_NAMES};
-
-fn trainer(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_trainer"))
-        .args(args)
-        .output()
-        .expect("run trainer")
-}
-
-fn stdout(o: &Output) -> String {
-    String::from_utf8(o.stdout.clone()).unwrap()
-}
-
-fn stderr(o: &Output) -> String {
-    String::from_utf8(o.stderr.clone()).unwrap()
-}
 
 #[test]
 fn recipes_lists_every_builtin_with_a_description() {

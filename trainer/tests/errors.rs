@@ -1,15 +1,17 @@
 //! Malformed configs, recipes, data files and checkpoints give typed errors, never panics;
 //! and the `train` / `compare` / `sample` commands end to end on a tiny model.
 
+mod common;
+use common::{opts, trainer};
+
 use std::fs;
 use std::path::Path;
-use std::process::{Command, Output};
 
 use trainer::checkpoint::{self, CheckpointError, STATE_FILE, TENSORS_FILE};
 use trainer::data::DataSource;
 use trainer::model::{ModelConfig, ModelError};
 use trainer::recipe::Recipe;
-use trainer::train::{RunConfig, TrainError, TrainOptions, Trainer};
+use trainer::train::{RunConfig, TrainError, Trainer};
 
 const TINY: &str = r#"
 [model]
@@ -33,14 +35,6 @@ kind = "corpus"
 seed = 2
 bytes = 60000
 "#;
-
-fn opts(out: &Path) -> TrainOptions {
-    TrainOptions {
-        out: out.to_path_buf(),
-        quiet: true,
-        stop_after: None,
-    }
-}
 
 fn config_err(text: &str) -> String {
     match RunConfig::from_toml_str(text) {
@@ -207,13 +201,6 @@ fn corrupt_checkpoints_are_typed_errors() {
     ));
 }
 
-fn trainer_cmd(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_trainer"))
-        .args(args)
-        .output()
-        .expect("run trainer")
-}
-
 #[test]
 fn cli_train_sample_compare_and_nan_exit_code() {
     let tmp = tempfile::tempdir().unwrap();
@@ -221,7 +208,7 @@ fn cli_train_sample_compare_and_nan_exit_code() {
     fs::write(&cfg, TINY).unwrap();
     let cfg_s = cfg.to_str().unwrap();
     let out = tmp.path().join("run");
-    let o = trainer_cmd(&[
+    let o = trainer(&[
         "train",
         "--config",
         cfg_s,
@@ -240,7 +227,7 @@ fn cli_train_sample_compare_and_nan_exit_code() {
         "{stdout}"
     );
     // resume of a finished run does nothing more and succeeds
-    let o = trainer_cmd(&["train", "--resume", out.to_str().unwrap(), "--quiet"]);
+    let o = trainer(&["train", "--resume", out.to_str().unwrap(), "--quiet"]);
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     let summary: serde_json::Value =
         serde_json::from_slice(&fs::read(out.join("summary.json")).unwrap()).unwrap();
@@ -256,7 +243,7 @@ fn cli_train_sample_compare_and_nan_exit_code() {
             .is_some_and(f64::is_finite),
         "{summary}"
     );
-    let o = trainer_cmd(&[
+    let o = trainer(&[
         "sample",
         out.to_str().unwrap(),
         "--recipe",
@@ -269,7 +256,7 @@ fn cli_train_sample_compare_and_nan_exit_code() {
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     assert!(String::from_utf8_lossy(&o.stdout).starts_with("The"));
     let rep = tmp.path().join("cmp");
-    let o = trainer_cmd(&[
+    let o = trainer(&[
         "compare",
         "--config",
         cfg_s,
@@ -300,7 +287,7 @@ fn cli_train_sample_compare_and_nan_exit_code() {
     )
     .unwrap();
     let nan_out = tmp.path().join("nan");
-    let o = trainer_cmd(&[
+    let o = trainer(&[
         "train",
         "--config",
         nan_cfg.to_str().unwrap(),
@@ -324,7 +311,7 @@ fn cli_train_sample_compare_and_nan_exit_code() {
         &["train", "--resume", "/nonexistent"],
         &["train", "--threads", "0"],
     ] {
-        let o = trainer_cmd(args);
+        let o = trainer(args);
         assert!(!o.status.success(), "{args:?}");
         let err = String::from_utf8_lossy(&o.stderr);
         assert!(

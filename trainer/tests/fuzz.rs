@@ -5,6 +5,9 @@
 //! error or a consistent value. Case counts are bounded (`*_CASES`) so that the file runs in a
 //! few seconds; the README reports them.
 
+mod common;
+use common::opts;
+
 use std::fs;
 use std::path::Path;
 
@@ -14,7 +17,7 @@ use proptest::test_runner::{Config, TestCaseError, TestRunner};
 use trainer::checkpoint::{self, CheckpointError, OPTIMIZER_FILE, STATE_FILE, TENSORS_FILE};
 use trainer::data::{open_shard, DataError, ShardFormat, LLMC_MAGIC};
 use trainer::recipe::{LayerKind, Recipe};
-use trainer::train::{RunConfig, TrainError, TrainOptions, Trainer};
+use trainer::train::{RunConfig, TrainError, Trainer};
 
 /// Inputs of each safetensors harness.
 const TENSOR_CASES: u32 = 3000;
@@ -142,14 +145,6 @@ kind = "corpus"
 seed = 2
 bytes = 20000
 "#;
-
-fn opts(out: &Path) -> TrainOptions {
-    TrainOptions {
-        out: out.to_path_buf(),
-        quiet: true,
-        stop_after: None,
-    }
-}
 
 fn small_enough(cfg: &RunConfig) -> bool {
     cfg.model.num_params() <= 300_000

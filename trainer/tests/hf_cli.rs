@@ -1,15 +1,11 @@
 //! `trainer export`, `trainer sample HF_DIR` and `trainer train --init HF_DIR` with the real
 //! binary.
 
-use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+mod common;
+use common::trainer;
 
-fn trainer(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_trainer"))
-        .args(args)
-        .output()
-        .expect("run trainer")
-}
+use std::path::{Path, PathBuf};
+use std::process::Output;
 
 fn ok(o: &Output) -> String {
     assert!(

@@ -2,14 +2,16 @@
 //! hostile user would: each test failed before its fix. (Kills, signals, locks and
 //! `--overwrite` are in `tests/crash.rs`.)
 
+mod common;
+use common::{opts, stderr, trainer};
+
 use std::fs;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
 
 use trainer::checkpoint::{self, CheckpointError};
 use trainer::recipe::{Recipe, RecipeError};
 use trainer::sample::{SampleConfig, Sampler};
-use trainer::train::{read_metrics, RunConfig, TrainError, TrainOptions, Trainer};
+use trainer::train::{read_metrics, RunConfig, TrainError, Trainer};
 
 const TINY: &str = r#"
 [model]
@@ -33,25 +35,6 @@ kind = "corpus"
 seed = 2
 bytes = 20000
 "#;
-
-fn opts(out: &Path) -> TrainOptions {
-    TrainOptions {
-        out: out.to_path_buf(),
-        quiet: true,
-        stop_after: None,
-    }
-}
-
-fn trainer(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_trainer"))
-        .args(args)
-        .output()
-        .expect("run trainer")
-}
-
-fn stderr(o: &Output) -> String {
-    String::from_utf8_lossy(&o.stderr).into_owned()
-}
 
 fn fails_with(args: &[&str], needle: &str) -> String {
     let o = trainer(args);

@@ -1,6 +1,9 @@
 //! Training-loop tests on tiny models: exact resume, every recipe learns, the divergence
 //! guard, sampling, reports.
 
+mod common;
+use common::opts;
+
 use std::path::Path;
 
 use trainer::checkpoint;
@@ -9,7 +12,7 @@ use trainer::model::{MlpKind, ModelConfig};
 use trainer::recipe::{Recipe, BUILTIN_NAMES};
 use trainer::report::{self, RunResult};
 use trainer::sample::{SampleConfig, Sampler};
-use trainer::train::{read_metrics, RunConfig, TrainConfig, TrainError, TrainOptions, Trainer};
+use trainer::train::{read_metrics, RunConfig, TrainConfig, TrainError, Trainer};
 
 /// A tiny run: 3 blocks (so recipes that keep the first and last block in BF16 still
 /// quantize one), d 32, seq 32, batch 8, on 150 KB of the default corpus.
@@ -51,14 +54,6 @@ fn learn_cfg() -> RunConfig {
     c.train.warmup_steps = 8;
     c.train.eval_every = 20;
     c
-}
-
-fn opts(out: &Path) -> TrainOptions {
-    TrainOptions {
-        out: out.to_path_buf(),
-        quiet: true,
-        stop_after: None,
-    }
 }
 
 fn losses(dir: &Path) -> Vec<(u64, u32, Option<u32>)> {
