@@ -675,15 +675,7 @@ pub fn quantize_checkpoint(
 
     let staging = Staging::new(output)?;
     let mut report = Report::default();
-    let mut meta = files
-        .first()
-        .map(|f| f.metadata.clone())
-        .unwrap_or_default();
-    meta.entry("format".into()).or_insert_with(|| "pt".into());
-    meta.insert(
-        "quantized_by".into(),
-        format!("nibble fp-formats {}", env!("CARGO_PKG_VERSION")),
-    );
+    let mut meta = output_metadata(&files, "quantized_by");
     meta.extend(opts.metadata.clone());
     for (f, (jobs, outs)) in files.iter().zip(&plans) {
         let name = f.path.file_name().expect("file name");
@@ -977,15 +969,7 @@ pub fn dequantize_checkpoint(
 
     let staging = Staging::new(output)?;
     let mut report = Report::default();
-    let mut meta = files
-        .first()
-        .map(|f| f.metadata.clone())
-        .unwrap_or_default();
-    meta.entry("format".into()).or_insert_with(|| "pt".into());
-    meta.insert(
-        "dequantized_by".into(),
-        format!("nibble fp-formats {}", env!("CARGO_PKG_VERSION")),
-    );
+    let mut meta = output_metadata(&files, "dequantized_by");
     meta.remove("quantized_by");
     for (f, (weights, copies, outs)) in files.iter().zip(&plans) {
         let name = f.path.file_name().expect("file name");
@@ -1180,6 +1164,21 @@ pub fn write_f32_checkpoint_with_metadata(
         w.write(n, &b)?;
     }
     w.finish()
+}
+
+/// The safetensors metadata of an output file: the first input file's, with the format
+/// defaulted to `pt` and `stamp` naming this crate and its version.
+fn output_metadata(files: &[InputFile], stamp: &str) -> BTreeMap<String, String> {
+    let mut meta = files
+        .first()
+        .map(|f| f.metadata.clone())
+        .unwrap_or_default();
+    meta.entry("format".into()).or_insert_with(|| "pt".into());
+    meta.insert(
+        stamp.into(),
+        format!("nibble fp-formats {}", env!("CARGO_PKG_VERSION")),
+    );
+    meta
 }
 
 #[cfg(test)]
