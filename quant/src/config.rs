@@ -305,7 +305,33 @@ pub struct GemmPolicy {
     pub wgrad: GemmOperands,
 }
 
+impl QuantFormat {
+    /// Whether values are quantized below BF16 (FP8, MX or NVFP4 elements).
+    ///
+    /// ```
+    /// use quant::QuantFormat;
+    /// assert!(!QuantFormat::Bf16.is_low_precision());
+    /// assert!(QuantFormat::Nvfp4 { four_over_six: Default::default() }.is_low_precision());
+    /// ```
+    pub fn is_low_precision(&self) -> bool {
+        !matches!(self, QuantFormat::F32 | QuantFormat::Bf16)
+    }
+}
+
 impl GemmPolicy {
+    /// Whether any of the six operands is quantized below BF16.
+    ///
+    /// ```
+    /// use quant::GemmPolicy;
+    /// assert!(GemmPolicy::nvfp4_paper().quantizes());
+    /// assert!(!GemmPolicy::BF16.quantizes());
+    /// ```
+    pub fn quantizes(&self) -> bool {
+        [self.fprop, self.dgrad, self.wgrad]
+            .iter()
+            .any(|g| g.a.format.is_low_precision() || g.b.format.is_low_precision())
+    }
+
     /// Checks every GEMM's pair of operands ([`GemmOperands::validate_pair`]), naming the
     /// GEMM that fails.
     pub fn validate_pairs(&self) -> Result<(), QuantError> {

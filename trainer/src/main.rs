@@ -135,8 +135,8 @@ pub(crate) struct DataSourceArgs {
     /// Seed of the default corpus.
     #[arg(long, default_value_t = 0, conflicts_with_all = ["file", "shard"])]
     seed: u64,
-    /// Bytes of the default corpus.
-    #[arg(long, default_value_t = 1_000_000, conflicts_with_all = ["file", "shard"])]
+    /// Bytes of the default corpus (the size `train` uses).
+    #[arg(long, default_value_t = trainer::data::DEFAULT_CORPUS_BYTES, conflicts_with_all = ["file", "shard"])]
     bytes: usize,
 }
 

@@ -226,12 +226,6 @@ fn fmt_sqnr(v: Option<f64>) -> String {
     v.map_or("exact".into(), |s| format!("{s:.1}"))
 }
 
-fn quantized(l: &LayerError) -> bool {
-    !(l.policy.starts_with("all bf16")
-        || l.policy.starts_with("all f32")
-        || l.policy.starts_with("all fp32"))
-}
-
 /// The recipe the gaps are measured against unless the caller names another.
 pub const DEFAULT_REFERENCE: &str = "bf16";
 
@@ -287,7 +281,12 @@ pub fn markdown(runs: &[RunResult], header: &str, reference: &str) -> String {
     );
     for (_, g) in by_recipe(runs) {
         let r = g[0];
-        let layers: Vec<&LayerError> = r.summary.layers.iter().filter(|l| quantized(l)).collect();
+        let layers: Vec<&LayerError> = r
+            .summary
+            .layers
+            .iter()
+            .filter(|l| l.is_quantized())
+            .collect();
         if layers.is_empty() {
             continue;
         }
@@ -400,6 +399,28 @@ pub fn write_report(
 mod tests {
     use super::*;
     use std::path::PathBuf;
+
+    #[test]
+    fn layers_are_quantized_by_their_policy_and_old_records_by_its_description() {
+        let layer = |policy: &str, quantized: Option<bool>| {
+            let mut v = serde_json::json!({
+                "layer": "blocks.0.mlp.up", "kind": "mlp-up", "policy": policy,
+                "x": {"sqnr_db": null, "bias": 0.0, "clipped": 0.0, "flushed": 0.0},
+                "w": {"sqnr_db": null, "bias": 0.0, "clipped": 0.0, "flushed": 0.0},
+            });
+            if let Some(q) = quantized {
+                v["quantized"] = q.into();
+            }
+            serde_json::from_value::<LayerError>(v).unwrap()
+        };
+        // The flag decides, whatever the description says.
+        assert!(layer("all bf16", Some(true)).is_quantized());
+        assert!(!layer("fprop[X bf16, W f32] ...", Some(false)).is_quantized());
+        // Records written before the flag: by the description.
+        assert!(!layer("all bf16", None).is_quantized());
+        assert!(!layer("all f32", None).is_quantized());
+        assert!(layer("all nvfp4/1x16", None).is_quantized());
+    }
 
     fn run(recipe: &str, seed: u64, val: f32) -> RunResult {
         let metrics = (1..=4)

@@ -159,7 +159,7 @@ fn parse_data(spec: &str, vocab: usize) -> Result<DataSource> {
     if spec == "corpus" {
         return Ok(DataSource::Corpus {
             seed: 0,
-            bytes: 2_000_000,
+            bytes: trainer::data::DEFAULT_CORPUS_BYTES,
         });
     }
     if let Some(rest) = spec.strip_prefix("corpus:") {

@@ -138,7 +138,7 @@ pub const MAX_BATCH: usize = 1 << 20;
 fn default_data() -> DataSource {
     DataSource::Corpus {
         seed: 0,
-        bytes: 2_000_000,
+        bytes: crate::data::DEFAULT_CORPUS_BYTES,
     }
 }
 
@@ -461,10 +461,37 @@ pub struct LayerError {
     pub kind: LayerKind,
     /// Policy in words.
     pub policy: String,
+    /// Whether any operand of the policy is quantized below BF16 (absent in records written
+    /// before it was recorded; see [`LayerError::is_quantized`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub quantized: Option<bool>,
     /// Activations X (rowwise, first rows of the first validation batch).
     pub x: OperandError,
     /// Weights W (rowwise).
     pub w: OperandError,
+}
+
+impl LayerError {
+    /// Whether any operand of the layer's policy is quantized below BF16. Records written
+    /// before the flag existed are judged by their policy's description ("all bf16...",
+    /// "all f32..." are not quantized).
+    pub fn is_quantized(&self) -> bool {
+        self.quantized.unwrap_or_else(|| {
+            !["all bf16", "all f32", "all fp32"]
+                .iter()
+                .any(|p| self.policy.starts_with(p))
+        })
+    }
+}
+
+/// What a run reports at its end, kept up to date while it trains: the latest training and
+/// validation losses, and the layer statistics of the latest evaluation that saw a quantized
+/// layer (with its step).
+struct LastSeen {
+    train_loss: f32,
+    layers: Vec<LayerError>,
+    val_loss: f32,
+    layers_step: u64,
 }
 
 /// One line of `metrics.jsonl`.
@@ -843,6 +870,7 @@ impl Trainer {
                 layer: p.name.clone(),
                 kind: p.kind,
                 policy: describe_policy(&p.policy),
+                quantized: Some(p.policy.quantizes()),
                 x: error_of(&x),
                 w: error_of(&w),
             });
@@ -1050,7 +1078,12 @@ impl Trainer {
         bar.set_position(self.step);
         let start = Instant::now();
         let start_tokens = self.tokens_seen;
-        let mut last = (f32::NAN, Vec::new(), f32::NAN, 0u64);
+        let mut last = LastSeen {
+            train_loss: f32::NAN,
+            layers: Vec::new(),
+            val_loss: f32::NAN,
+            layers_step: 0,
+        };
         let stop_at = self
             .opts
             .stop_after
@@ -1096,25 +1129,26 @@ impl Trainer {
                 if let Err(e) = self.judge_validation(v, loss, grad_norm) {
                     return Err(diverged(e, &bar));
                 }
-                last.2 = v;
+                last.val_loss = v;
                 // keep the last statistics that saw a quantized layer (a recipe's late
                 // switch to BF16 would otherwise leave only BF16 layers to report)
-                let any_quantized = m.layers.iter().any(|l| !l.policy.starts_with("all bf16"));
-                if any_quantized || last.1.is_empty() {
-                    last.1 = m.layers.clone();
-                    last.3 = m.step;
+                let any_quantized = m.layers.iter().any(LayerError::is_quantized);
+                let kept_quantized = last.layers.iter().any(LayerError::is_quantized);
+                if any_quantized || !kept_quantized {
+                    last.layers = m.layers.clone();
+                    last.layers_step = m.step;
                 }
                 self.save_checkpoint()?;
             }
-            last.0 = loss;
+            last.train_loss = loss;
             let el = start.elapsed().as_secs_f64();
             let avg = (self.tokens_seen - start_tokens) as f64 / el.max(1e-9);
             bar.set_message(format!(
                 "loss {loss:.4} val {} {avg:.0} tok/s",
-                if last.2.is_nan() {
+                if last.val_loss.is_nan() {
                     "-".to_string()
                 } else {
-                    format!("{:.4}", last.2)
+                    format!("{:.4}", last.val_loss)
                 }
             ));
             bar.set_position(self.step);
@@ -1141,7 +1175,7 @@ impl Trainer {
             // stopped early between evaluations: checkpoint anyway
             self.save_checkpoint()?;
         }
-        if last.2.is_nan() {
+        if last.val_loss.is_nan() {
             // nothing evaluated in this process (e.g. resuming a finished run)
             let (v, l) = self.evaluate()?;
             let prev_train = kept
@@ -1149,7 +1183,12 @@ impl Trainer {
                 .last()
                 .and_then(|l| serde_json::from_str::<StepMetrics>(l).ok())
                 .map_or(f32::NAN, |m| m.train_loss);
-            last = (prev_train, l, v, self.step);
+            last = LastSeen {
+                train_loss: prev_train,
+                layers: l,
+                val_loss: v,
+                layers_step: self.step,
+            };
         }
         let mut wall_s = start.elapsed().as_secs_f64();
         let mut tokens_per_s = (self.tokens_seen - start_tokens) as f64 / wall_s.max(1e-9);
@@ -1174,13 +1213,13 @@ impl Trainer {
             steps: self.step,
             tokens: self.tokens_seen,
             params: self.ps.num_elements(),
-            final_val_loss: last.2,
-            final_train_loss: last.0,
+            final_val_loss: last.val_loss,
+            final_train_loss: last.train_loss,
             unigram_nats: self.unigram_nats,
             wall_s,
             tokens_per_s,
-            layers: last.1,
-            layers_step: last.3,
+            layers: last.layers,
+            layers_step: last.layers_step,
             out_dir: out.clone(),
             checkpoint: self.last_checkpoint.clone().unwrap_or_default(),
         };

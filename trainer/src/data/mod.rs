@@ -52,6 +52,10 @@ pub fn corpus_memory(bytes: usize) -> u128 {
     bytes as u128 * 5
 }
 
+/// Bytes of the embedded default corpus that `train` and `data stats` use unless told
+/// otherwise (one number, so the statistics describe the corpus that is trained on).
+pub const DEFAULT_CORPUS_BYTES: usize = 2_000_000;
+
 /// Where training tokens come from, as data (e.g. part of a run configuration).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "kind", rename_all = "kebab-case", deny_unknown_fields)]
