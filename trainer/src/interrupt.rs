@@ -10,6 +10,9 @@
 //!   a stop is requested. Tests use it to SIGKILL a child training process at exact points of
 //!   a checkpoint write. It is read from the environment only, never from a configuration,
 //!   and does nothing when the variable is unset.
+//! * [`NAN_ENV`] (`N`) makes step `N`'s loss and first gradient NaN, to exercise the
+//!   divergence guard from the command line ([`nan_step_from_env`]); library tests call
+//!   [`crate::train::Trainer::set_inject_nan_at_step`].
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Mutex, OnceLock};
@@ -19,6 +22,13 @@ use std::time::Duration;
 pub const PAUSE_ENV: &str = "NIBBLE_TEST_PAUSE_AT";
 /// The file [`hook`] writes the point's name into when it pauses.
 pub const MARKER_ENV: &str = "NIBBLE_TEST_PAUSE_MARKER";
+/// `N`: make the loss and one gradient of step `N` NaN (a test of the divergence guard).
+pub const NAN_ENV: &str = "NIBBLE_TEST_NAN_AT_STEP";
+
+/// The step [`NAN_ENV`] names, if it is set to a number.
+pub fn nan_step_from_env() -> Option<u64> {
+    std::env::var(NAN_ENV).ok()?.trim().parse().ok()
+}
 
 /// The hook points, in the order a checkpoint write reaches them (`step` runs after every
 /// optimizer step, before its evaluation and checkpoint).

@@ -100,10 +100,6 @@ pub struct TrainConfig {
     /// Divergence guard: a loss above this multiple of the reference (the first step's loss
     /// during warmup, the running minimum after it) stops the run.
     pub explode_factor: f32,
-    /// **For tests**: make the loss and one gradient NaN at this step, to exercise the
-    /// divergence guard.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub inject_nan_at_step: Option<u64>,
 }
 
 impl Default for TrainConfig {
@@ -127,7 +123,6 @@ impl Default for TrainConfig {
             seed: 0,
             keep_checkpoints: 2,
             explode_factor: 3.0,
-            inject_nan_at_step: None,
         }
     }
 }
@@ -588,6 +583,8 @@ pub struct Trainer {
     last_checkpoint: Option<PathBuf>,
     opts: TrainOptions,
     overwrite: bool,
+    /// Test hook: the step whose loss and first gradient are made NaN.
+    inject_nan_at_step: Option<u64>,
     /// The run directory this trainer continues (resume), if any.
     resumed_from: Option<PathBuf>,
 }
@@ -685,6 +682,7 @@ impl Trainer {
             last_checkpoint: None,
             opts,
             overwrite: false,
+            inject_nan_at_step: crate::interrupt::nan_step_from_env(),
             resumed_from: None,
         })
     }
@@ -767,6 +765,13 @@ impl Trainer {
     /// [`crate::rundir::RUN_FILES`]) instead of refusing it.
     pub fn set_overwrite(&mut self, overwrite: bool) {
         self.overwrite = overwrite;
+    }
+
+    /// **For tests**: make the loss and one gradient NaN at `step`, to exercise the
+    /// divergence guard. (The binary takes it from [`crate::interrupt::NAN_ENV`]; it is never
+    /// part of a configuration or a checkpoint.)
+    pub fn set_inject_nan_at_step(&mut self, step: Option<u64>) {
+        self.inject_nan_at_step = step;
     }
 
     /// The guard's reference loss: the first step's loss during warmup, the running
@@ -925,7 +930,7 @@ impl Trainer {
         }
         let mut loss = (loss_sum / accum as f64) as f32;
         let step_no = self.step + 1;
-        if self.cfg.train.inject_nan_at_step == Some(step_no) {
+        if self.inject_nan_at_step == Some(step_no) {
             loss = f32::NAN;
             let id = self.model.blocks[0].qkv;
             if let Some(v) = self.ps.grad_mut(id)?.first_mut() {

@@ -276,25 +276,21 @@ fn cli_train_sample_compare_and_nan_exit_code() {
     ] {
         assert!(rep.join(f).is_file(), "{f}");
     }
-    // the NaN guard: non-zero exit, diagnosis, last checkpoint kept
-    let nan_cfg = tmp.path().join("nan.toml");
-    fs::write(
-        &nan_cfg,
-        TINY.replace(
-            "eval_batches = 1",
-            "eval_batches = 1\ninject_nan_at_step = 5",
-        ),
-    )
-    .unwrap();
+    // the NaN guard: non-zero exit, diagnosis, last checkpoint kept (the test hook comes
+    // from the environment, never from the configuration)
     let nan_out = tmp.path().join("nan");
-    let o = trainer(&[
-        "train",
-        "--config",
-        nan_cfg.to_str().unwrap(),
-        "--out",
-        nan_out.to_str().unwrap(),
-        "--quiet",
-    ]);
+    let o = std::process::Command::new(env!("CARGO_BIN_EXE_trainer"))
+        .args([
+            "train",
+            "--config",
+            cfg_s,
+            "--out",
+            nan_out.to_str().unwrap(),
+            "--quiet",
+        ])
+        .env(trainer::interrupt::NAN_ENV, "5")
+        .output()
+        .expect("run trainer");
     assert!(!o.status.success());
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(

@@ -156,10 +156,10 @@ fn every_builtin_recipe_learns_below_the_unigram_entropy() {
 #[test]
 fn nan_guard_stops_and_keeps_the_last_checkpoint() {
     let tmp = tempfile::tempdir().unwrap();
-    let mut cfg = tiny(20);
-    cfg.train.inject_nan_at_step = Some(8);
+    let cfg = tiny(20);
     let dir = tmp.path().join("run");
     let mut tr = Trainer::new(cfg, Recipe::builtin("nvfp4").unwrap(), opts(&dir)).unwrap();
+    tr.set_inject_nan_at_step(Some(8));
     let err = tr.run().unwrap_err();
     match &err {
         TrainError::Diverged {
