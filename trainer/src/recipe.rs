@@ -96,31 +96,143 @@ use quant::{
 };
 use serde::{Deserialize, Deserializer, Serialize};
 
-/// Names of the built-in recipes, in the order `trainer recipes` lists them.
-pub const BUILTIN_NAMES: &[&str] = &[
-    "fp32",
-    "bf16",
-    "fp8-delayed",
-    "fp8-current",
-    "mxfp8",
-    "mxfp4",
-    "nvfp4",
-    "nvfp4-no-rht",
-    "nvfp4-no-sr",
-    "nvfp4-no-2d",
-    "nvfp4-no-bf16-layers",
+/// Builds a built-in recipe under the given name.
+type BuildRecipe = fn(&str) -> Recipe;
+
+/// The built-in recipes, in the order `trainer recipes` lists them: one row per recipe, its
+/// name and its definition (built under that name).
+const BUILTINS: &[(&str, BuildRecipe)] = &[
+    ("fp32", |name| Recipe {
+        name: name.into(),
+        description: "FP32 GEMMs and FP32 attention: the reference".into(),
+        attention: AttentionPrecision::Fp32,
+        linear: GemmPolicy::FP32,
+        overrides: Vec::new(),
+        schedule: None,
+    }),
+    ("bf16", |name| Recipe {
+        name: name.into(),
+        description: "BF16 GEMM inputs everywhere: the baseline".into(),
+        attention: AttentionPrecision::Bf16,
+        linear: GemmPolicy::BF16,
+        overrides: Vec::new(),
+        schedule: None,
+    }),
+    ("fp8-delayed", |name| {
+        simple(
+            name,
+            "per-tensor FP8 HYBRID (E4M3 X/W, E5M2 dY), delayed scaling: history 16, \
+             margin 0, max; LM head BF16",
+            fp8_delayed_hybrid(FP8_DELAYED_HISTORY),
+        )
+    }),
+    ("fp8-current", |name| {
+        simple(
+            name,
+            "per-tensor FP8 HYBRID (E4M3 X/W, E5M2 dY), current scaling; LM head BF16",
+            GemmPolicy::fp8_current_hybrid(),
+        )
+    }),
+    ("mxfp8", |name| {
+        simple(
+            name,
+            "MXFP8 E4M3 for all operands, RCEIL scales (Mishra et al.); LM head BF16",
+            GemmPolicy::mxfp8(),
+        )
+    }),
+    ("mxfp4", |name| {
+        simple(
+            name,
+            "Tseng et al.: BF16 forward; backward GEMMs in MXFP4 with SR (3/4 prescale), \
+             RHT on Wgrad; LM head BF16",
+            mxfp4_tseng(),
+        )
+    }),
+    ("nvfp4", |name| {
+        nvfp4_variant(
+            name,
+            "NVFP4 paper recipe: W 16x16, SR on dY, RHT on Wgrad, first/last block BF16, \
+             BF16 after 80% of tokens; LM head BF16",
+            GemmPolicy::nvfp4_paper(),
+            true,
+        )
+    }),
+    ("nvfp4-no-rht", |name| {
+        let mut p = GemmPolicy::nvfp4_paper();
+        p.wgrad.a.rht = Rht::Off;
+        p.wgrad.b.rht = Rht::Off;
+        nvfp4_variant(
+            name,
+            "nvfp4 ablation: no RHT on the Wgrad operands",
+            p,
+            true,
+        )
+    }),
+    ("nvfp4-no-sr", |name| {
+        let mut p = GemmPolicy::nvfp4_paper();
+        p.dgrad.a.rounding = RoundingMode::NearestEven;
+        p.wgrad.a.rounding = RoundingMode::NearestEven;
+        nvfp4_variant(
+            name,
+            "nvfp4 ablation: gradients rounded to nearest-even",
+            p,
+            true,
+        )
+    }),
+    ("nvfp4-no-2d", |name| {
+        let mut p = GemmPolicy::nvfp4_paper();
+        p.fprop.b.block = BlockShape::Row16;
+        p.dgrad.b.block = BlockShape::Row16;
+        nvfp4_variant(
+            name,
+            "nvfp4 ablation: 1x16 weight blocks instead of 16x16",
+            p,
+            true,
+        )
+    }),
+    ("nvfp4-no-bf16-layers", |name| {
+        nvfp4_variant(
+            name,
+            "nvfp4 ablation: every block in NVFP4 (LM head still BF16)",
+            GemmPolicy::nvfp4_paper(),
+            false,
+        )
+    }),
 ];
 
-/// Names a policy can be written as in TOML instead of six operand tables.
-pub const POLICY_PRESETS: &[&str] = &[
-    "fp32",
-    "bf16",
-    "fp8-current",
-    "fp8-delayed",
-    "mxfp8",
-    "mxfp4",
-    "nvfp4",
+/// Names of the built-in recipes, in the order `trainer recipes` lists them (the names of
+/// the built-in table).
+pub const BUILTIN_NAMES: [&str; BUILTINS.len()] = names_of(BUILTINS);
+
+/// Builds a preset policy.
+type BuildPolicy = fn() -> GemmPolicy;
+
+/// The policies a name can stand for in TOML instead of six operand tables: one row per
+/// preset, its name and its definition.
+const PRESETS: &[(&str, BuildPolicy)] = &[
+    ("fp32", || GemmPolicy::FP32),
+    ("bf16", || GemmPolicy::BF16),
+    ("fp8-current", GemmPolicy::fp8_current_hybrid),
+    ("fp8-delayed", || fp8_delayed_hybrid(FP8_DELAYED_HISTORY)),
+    ("mxfp8", GemmPolicy::mxfp8),
+    ("mxfp4", mxfp4_tseng),
+    ("nvfp4", GemmPolicy::nvfp4_paper),
 ];
+
+/// Names a policy can be written as in TOML instead of six operand tables (the names of
+/// the preset table, in its order).
+pub const POLICY_PRESETS: [&str; PRESETS.len()] = names_of(PRESETS);
+
+/// The first column of a name table, at compile time.
+const fn names_of<T, const N: usize>(table: &[(&'static str, T)]) -> [&'static str; N] {
+    let mut out = [""; N];
+    let mut i = 0;
+    while i < N {
+        out[i] = table[i].0;
+        i += 1;
+    }
+    out
+}
 
 /// Amax history length of the built-in `fp8-delayed` recipe (see the module docs).
 pub const FP8_DELAYED_HISTORY: usize = 16;
@@ -436,16 +548,10 @@ pub fn mxfp4_tseng() -> GemmPolicy {
 
 /// The policy a preset name stands for ([`POLICY_PRESETS`]).
 pub fn policy_preset(name: &str) -> Option<GemmPolicy> {
-    Some(match name {
-        "fp32" => GemmPolicy::FP32,
-        "bf16" => GemmPolicy::BF16,
-        "fp8-current" => GemmPolicy::fp8_current_hybrid(),
-        "fp8-delayed" => fp8_delayed_hybrid(FP8_DELAYED_HISTORY),
-        "mxfp8" => GemmPolicy::mxfp8(),
-        "mxfp4" => mxfp4_tseng(),
-        "nvfp4" => GemmPolicy::nvfp4_paper(),
-        _ => return None,
-    })
+    PRESETS
+        .iter()
+        .find(|(n, _)| *n == name)
+        .map(|(_, policy)| policy())
 }
 
 fn is_zero(n: &usize) -> bool {
@@ -652,107 +758,19 @@ impl Recipe {
     /// assert!(err.starts_with("unknown recipe 'nvfp5'; valid: fp32, bf16, fp8-delayed"));
     /// ```
     pub fn builtin(name: &str) -> Result<Recipe, RecipeError> {
-        let nv = GemmPolicy::nvfp4_paper();
-        Ok(match name {
-            "fp32" => Recipe {
+        BUILTINS
+            .iter()
+            .find(|(n, _)| *n == name)
+            .map(|(n, build)| build(n))
+            .ok_or_else(|| RecipeError::UnknownRecipe {
                 name: name.into(),
-                description: "FP32 GEMMs and FP32 attention: the reference".into(),
-                attention: AttentionPrecision::Fp32,
-                linear: GemmPolicy::FP32,
-                overrides: Vec::new(),
-                schedule: None,
-            },
-            "bf16" => Recipe {
-                name: name.into(),
-                description: "BF16 GEMM inputs everywhere: the baseline".into(),
-                attention: AttentionPrecision::Bf16,
-                linear: GemmPolicy::BF16,
-                overrides: Vec::new(),
-                schedule: None,
-            },
-            "fp8-delayed" => simple(
-                name,
-                "per-tensor FP8 HYBRID (E4M3 X/W, E5M2 dY), delayed scaling: history 16, \
-                 margin 0, max; LM head BF16",
-                fp8_delayed_hybrid(FP8_DELAYED_HISTORY),
-            ),
-            "fp8-current" => simple(
-                name,
-                "per-tensor FP8 HYBRID (E4M3 X/W, E5M2 dY), current scaling; LM head BF16",
-                GemmPolicy::fp8_current_hybrid(),
-            ),
-            "mxfp8" => simple(
-                name,
-                "MXFP8 E4M3 for all operands, RCEIL scales (Mishra et al.); LM head BF16",
-                GemmPolicy::mxfp8(),
-            ),
-            "mxfp4" => simple(
-                name,
-                "Tseng et al.: BF16 forward; backward GEMMs in MXFP4 with SR (3/4 prescale), \
-                 RHT on Wgrad; LM head BF16",
-                mxfp4_tseng(),
-            ),
-            "nvfp4" => nvfp4_variant(
-                name,
-                "NVFP4 paper recipe: W 16x16, SR on dY, RHT on Wgrad, first/last block BF16, \
-                 BF16 after 80% of tokens; LM head BF16",
-                nv,
-                true,
-            ),
-            "nvfp4-no-rht" => {
-                let mut p = nv;
-                p.wgrad.a.rht = Rht::Off;
-                p.wgrad.b.rht = Rht::Off;
-                nvfp4_variant(
-                    name,
-                    "nvfp4 ablation: no RHT on the Wgrad operands",
-                    p,
-                    true,
-                )
-            }
-            "nvfp4-no-sr" => {
-                let mut p = nv;
-                p.dgrad.a.rounding = RoundingMode::NearestEven;
-                p.wgrad.a.rounding = RoundingMode::NearestEven;
-                nvfp4_variant(
-                    name,
-                    "nvfp4 ablation: gradients rounded to nearest-even",
-                    p,
-                    true,
-                )
-            }
-            "nvfp4-no-2d" => {
-                let mut p = nv;
-                p.fprop.b.block = BlockShape::Row16;
-                p.dgrad.b.block = BlockShape::Row16;
-                nvfp4_variant(
-                    name,
-                    "nvfp4 ablation: 1x16 weight blocks instead of 16x16",
-                    p,
-                    true,
-                )
-            }
-            "nvfp4-no-bf16-layers" => nvfp4_variant(
-                name,
-                "nvfp4 ablation: every block in NVFP4 (LM head still BF16)",
-                nv,
-                false,
-            ),
-            _ => {
-                return Err(RecipeError::UnknownRecipe {
-                    name: name.into(),
-                    valid: BUILTIN_NAMES.join(", "),
-                })
-            }
-        })
+                valid: BUILTIN_NAMES.join(", "),
+            })
     }
 
     /// Every built-in recipe, in [`BUILTIN_NAMES`] order.
     pub fn builtins() -> Vec<Recipe> {
-        BUILTIN_NAMES
-            .iter()
-            .map(|n| Recipe::builtin(n).expect("built-in"))
-            .collect()
+        BUILTINS.iter().map(|(name, build)| build(name)).collect()
     }
 
     /// A built-in name, or else the path of a TOML recipe file.
