@@ -719,6 +719,10 @@ impl Trainer {
                 message,
             })
         };
+        // The recipe comes from outside bytes too: validated as a fresh run's is.
+        st.recipe
+            .validate()
+            .map_err(|e| bad(format!("recipe: {e}")))?;
         let b = &st.batcher.config;
         if b.batch != cfg.train.batch
             || b.seq != cfg.model.seq

@@ -120,6 +120,27 @@ fn trained(dir: &Path) -> std::path::PathBuf {
 }
 
 #[test]
+fn a_checkpoint_whose_recipe_is_invalid_is_refused_on_resume() {
+    // Found by the checkpoint fuzzer: a recipe edited in state.json (there, an FP8 amax
+    // history of length 0) was resumed unchecked and failed at the next step.
+    let tmp = tempfile::tempdir().unwrap();
+    let good = trained(&tmp.path().join("run"));
+    let mut state: serde_json::Value =
+        serde_json::from_slice(&fs::read(good.join(STATE_FILE)).unwrap()).unwrap();
+    state["recipe"]["name"] = "../elsewhere".into();
+    fs::write(good.join(STATE_FILE), serde_json::to_vec(&state).unwrap()).unwrap();
+    match Trainer::resume(&good, opts(&tmp.path().join("again"))) {
+        Err(TrainError::Checkpoint(CheckpointError::BadState { message, .. })) => {
+            assert!(
+                message.contains("recipe") && message.contains("may only use"),
+                "{message}"
+            )
+        }
+        other => panic!("expected a bad state, got {:?}", other.map(|_| ())),
+    }
+}
+
+#[test]
 fn corrupt_checkpoints_are_typed_errors() {
     let tmp = tempfile::tempdir().unwrap();
     let good = trained(&tmp.path().join("run"));
