@@ -57,19 +57,9 @@ fn pack16(q: &[u8; BLOCK], out: &mut [u8]) {
     }
 }
 
+/// The shape check of every quantizer of the crate (no padding), then the finite amax.
 fn check(data: &[f32], rows: usize, cols: usize, block: usize) -> Result<f32, FormatError> {
-    let expected = rows.saturating_mul(cols);
-    if data.len() != expected {
-        return Err(FormatError::ShapeMismatch {
-            rows,
-            cols,
-            expected,
-            got: data.len(),
-        });
-    }
-    if cols % block != 0 {
-        return Err(FormatError::NotDivisible { cols, block });
-    }
+    crate::check_shape(data, rows, cols, block, crate::Padding::Error)?;
     crate::finite_amax(data)
 }
 
