@@ -14,8 +14,8 @@ use std::time::Instant;
 
 use common::{
     assert_same, data, for_each_case, fp8_current_cases, fp8_delayed, mx_cases, mx_prescaled,
-    nvfp4_cases, nvfp4_cast_transpose_cases, nvfp4_rht_cases, rht_zero_sum_data, sweep, CT_COL_KEY,
-    CT_ROW_KEY, KEY, USAGES,
+    nvfp4_cases, nvfp4_cast_transpose_cases, nvfp4_rht_cases, rht_zero_sum_cases,
+    rht_zero_sum_data, sweep, CT_COL_KEY, CT_ROW_KEY, KEY, USAGES,
 };
 use cudarc::driver::CudaSlice;
 use fp_formats::mx::{MxElement, ScaleRule};
@@ -242,13 +242,7 @@ fn rht_zero_sums_match_quant() {
     let Some((g, _checks)) = gpu("rht_zero_sums_match_quant") else {
         return;
     };
-    let mut cases = nvfp4_rht_cases();
-    for element in [MxElement::E4M3, MxElement::E2M1] {
-        cases.push((
-            format!("mx RHT {element:?}"),
-            OperandQuant::mx(element, ScaleRule::Rceil).with_rht(Rht::FixedSigns),
-        ));
-    }
+    let cases = rht_zero_sum_cases();
     for &(rows, cols) in &[(1024usize, 1000usize), (48, 30)] {
         let x = rht_zero_sum_data(rows, cols, 78);
         for_each_case(

@@ -118,6 +118,19 @@ pub fn nvfp4_cases() -> Vec<Case> {
     v
 }
 
+/// The cases of the RHT zero-sum tests: every NVFP4 RHT case, and MX E4M3 / E2M1 with the
+/// fixed-sign RHT.
+pub fn rht_zero_sum_cases() -> Vec<Case> {
+    let mut cases = nvfp4_rht_cases();
+    for element in [MxElement::E4M3, MxElement::E2M1] {
+        cases.push((
+            format!("mx RHT {element:?}"),
+            OperandQuant::mx(element, ScaleRule::Rceil).with_rht(Rht::FixedSigns),
+        ));
+    }
+    cases
+}
+
 /// NVFP4 with the random Hadamard transform (columnwise only): each sign choice, rounding
 /// and block shape.
 pub fn nvfp4_rht_cases() -> Vec<Case> {
