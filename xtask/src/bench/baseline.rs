@@ -126,8 +126,10 @@ pub struct Profile {
     pub fingerprint: Fingerprint,
     /// When and from what run it was recorded.
     pub recorded: String,
-    /// The machine's calibration when it was recorded.
-    pub calibration: Calibration,
+    /// The machine's calibration when it was recorded (absent when the run that recorded
+    /// it measured none).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub calibration: Option<Calibration>,
     /// Accepted values of the timing ratios.
     pub metrics: BTreeMap<String, Entry>,
 }
@@ -284,11 +286,7 @@ impl Baseline {
         }
         let calibration = machine
             .calibration
-            .or(old_profile.map(|p| p.calibration))
-            .unwrap_or(Calibration {
-                memcpy_gbs: f64::NAN,
-                compute_gelem_s: None,
-            });
+            .or(old_profile.and_then(|p| p.calibration));
         let mut machines: Vec<Profile> = old
             .map(|b| {
                 b.machines
@@ -408,14 +406,15 @@ pub fn match_machine(base: &Baseline, machine: &Machine) -> MachineMatch {
         };
     };
     let here = machine.calibration;
-    let memcpy = here.map(|c| c.memcpy_gbs / p.calibration.memcpy_gbs);
+    let there = p.calibration;
+    let memcpy = here.zip(there).map(|(h, t)| h.memcpy_gbs / t.memcpy_gbs);
     let compute = here
         .and_then(|c| c.compute_gelem_s)
-        .zip(p.calibration.compute_gelem_s)
+        .zip(there.and_then(|c| c.compute_gelem_s))
         .map(|(a, b)| a / b);
     let balance = here
         .and_then(|c| c.balance())
-        .zip(p.calibration.balance())
+        .zip(there.and_then(|c| c.balance()))
         .map(|(a, b)| a / b);
     let window = 1.0 + base.tolerance.balance;
     let memory_ratios_compared = balance.is_some_and(|b| b <= window && b >= 1.0 / window);
@@ -712,6 +711,23 @@ pub(super) mod tests {
             nb.profile(&other.fingerprint).unwrap().metrics["q/speed"].value,
             0.1
         );
+    }
+
+    #[test]
+    fn a_profile_without_calibration_round_trips_and_compares() {
+        let run = [metric("q/speed", 1.0, Better::Higher, Kind::Ratio)];
+        let mut here = machine("cpu", 1.0, 1.0);
+        here.calibration = None;
+        let b = Baseline::accept(&run, None, &here, &Derived::new(), "x".into());
+        assert_eq!(b.machines[0].calibration, None);
+        let text = serde_json::to_string(&b).unwrap();
+        let back: Baseline = serde_json::from_str(&text).unwrap();
+        let (m, v) = compare(&run, &back, &machine("cpu", 2.0, 2.0), &[]);
+        assert_eq!(
+            (m.memcpy_vs_profile, m.memory_ratios_compared),
+            (None, false)
+        );
+        assert!(matches!(v[0].status, Status::Ok { .. }));
     }
 
     #[test]
