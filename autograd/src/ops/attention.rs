@@ -145,7 +145,7 @@ pub(crate) mod cpu {
     /// Turns the visible part of a score row into softmax probabilities (masked part: 0) and
     /// returns its log-sum-exp.
     #[inline(always)]
-    fn softmax_row(row: &mut [f32], visible: usize) -> f32 {
+    pub(crate) fn softmax_row(row: &mut [f32], visible: usize) -> f32 {
         let (vis, masked) = row.split_at_mut(visible);
         let m = max(vis);
         for x in vis.iter_mut() {

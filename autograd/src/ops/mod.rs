@@ -3,6 +3,7 @@
 
 pub mod activation;
 pub mod attention;
+pub mod attention_cached;
 pub mod cross_entropy;
 pub mod elementwise;
 pub mod embedding;
