@@ -147,6 +147,33 @@ pub fn ct_global_scale(amax: f32) -> f32 {
     }
 }
 
+/// ModelOpt's NVFP4 `input_scale` of a linear layer from its calibrated input amax:
+/// `fl(amax / 2688)` (`NVFP4QTensor.get_activation_scaling_factor`: `amax.float() /
+/// (maxbound * 448.0)` with `maxbound = 6`), the same formula as `weight_scale_2`.
+///
+/// ```
+/// use fp_formats::checkpoint::layouts::modelopt_input_scale;
+/// assert_eq!(modelopt_input_scale(2688.0), 1.0);
+/// assert_eq!(modelopt_input_scale(3.5), 3.5 / 2688.0);
+/// ```
+pub fn modelopt_input_scale(amax: f32) -> f32 {
+    amax / RANGE
+}
+
+/// compressed-tensors' NVFP4 `input_global_scale` of a linear layer from its calibrated
+/// input amax: `generate_gparam` computes `448 * 6 / amax` in f32, which PyTorch evaluates
+/// as `fl(fl(1 / amax) · 2688)` - the reciprocal convention of [`ct_global_scale`], and the
+/// same arithmetic.
+///
+/// ```
+/// use fp_formats::checkpoint::layouts::{ct_input_global_scale, modelopt_input_scale};
+/// assert_eq!(ct_input_global_scale(0.4375), 6144.0005); // fl(fl(1 / 0.4375) * 2688)
+/// assert_eq!(ct_input_global_scale(2688.0), 1.0 / modelopt_input_scale(2688.0));
+/// ```
+pub fn ct_input_global_scale(amax: f32) -> f32 {
+    ct_global_scale(amax)
+}
+
 /// compressed-tensors' NVFP4 weight quantization (`nvfp4-pack-quantized`, the `NVFP4A16` /
 /// `NVFP4` scheme: tensor-group strategy, group 16, E4M3 scales) on the f32 weight.
 ///

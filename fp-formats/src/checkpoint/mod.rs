@@ -10,6 +10,11 @@
 //! | NVFP4 / compressed-tensors | `P.weight_packed` U8 `[N, K/2]`, `P.weight_scale` F8_E4M3 `[N, K/16]`, `P.weight_global_scale` F32 `[1]` (= 2688 / amax, the reciprocal) | `config.json` `quantization_config` (`format: nvfp4-pack-quantized`) |
 //! | MXFP8 / compressed-tensors | `P.weight` F8_E4M3 `[N, K]`, `P.weight_scale` U8 (E8M0 exponents) `[N, K/32]` | `config.json` `quantization_config` (`format: mxfp8-quantized`) |
 //!
+//! With calibrated input amaxes ([`QuantizeOptions::input_amax`]), each quantized NVFP4
+//! layer also gets its static activation scale: ModelOpt `P.input_scale` F32 `[]` (= amax /
+//! 2688) or compressed-tensors `P.input_global_scale` F32 `[1]` (= 2688 / amax, and the
+//! config's `input_activations` of the `NVFP4` scheme).
+//!
 //! Every other tensor is copied byte for byte. The arithmetic of each layout is its
 //! producer's, bit for bit ([`layouts`]). [`dequantize_checkpoint`] goes back to BF16 or
 //! F32, with per-tensor error statistics against a reference checkpoint.
@@ -151,7 +156,7 @@ pub fn glob_match(pattern: &str, name: &str) -> bool {
 }
 
 /// Options of [`quantize_checkpoint`].
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq)]
 pub struct QuantizeOptions {
     /// The format.
     pub scheme: Scheme,
@@ -165,6 +170,14 @@ pub struct QuantizeOptions {
     pub no_stats: bool,
     /// Extra `__metadata__` entries for every output file (e.g. the producer of the model).
     pub metadata: BTreeMap<String, String>,
+    /// Calibrated input amax of each quantized linear layer, by module name (`P` of
+    /// `P.weight`), for static NVFP4 activation scales: ModelOpt's `P.input_scale` (F32 `[]`,
+    /// [`layouts::modelopt_input_scale`]) or compressed-tensors' `P.input_global_scale` (F32
+    /// `[1]`, [`layouts::ct_input_global_scale`], and the `NVFP4` scheme's
+    /// `input_activations` in the config instead of `NVFP4A16`'s `null`). Empty: weights
+    /// only. Otherwise every quantized layer needs a finite, positive amax and every entry
+    /// must name a quantized layer; NVFP4 only.
+    pub input_amax: BTreeMap<String, f32>,
 }
 
 /// The float type a dequantized checkpoint is written in.
@@ -374,6 +387,65 @@ const FLOAT_TYPES: [Dtype; 3] = [Dtype::F32, Dtype::BF16, Dtype::F16];
 fn quantized_outputs(t: &InTensor, opts: &QuantizeOptions) -> Vec<OutTensor> {
     let (n, k) = (t.shape[0], t.shape[1]);
     let p = module_of(&t.name);
+    let mut outs = weight_outputs(p, n, k, opts);
+    if opts.input_amax.contains_key(p) {
+        outs.push(match opts.layout {
+            Layout::ModelOpt => OutTensor::new(format!("{p}.input_scale"), Dtype::F32, vec![]),
+            Layout::CompressedTensors => {
+                OutTensor::new(format!("{p}.input_global_scale"), Dtype::F32, vec![1])
+            }
+        });
+    }
+    outs
+}
+
+/// The bytes of module `p`'s input scale in the layout's convention (see
+/// [`QuantizeOptions::input_amax`]), if it has one.
+fn input_scale_bytes(p: &str, opts: &QuantizeOptions) -> Option<Vec<u8>> {
+    let amax = *opts.input_amax.get(p)?;
+    let v = match opts.layout {
+        Layout::ModelOpt => layouts::modelopt_input_scale(amax),
+        Layout::CompressedTensors => layouts::ct_input_global_scale(amax),
+    };
+    Some(v.to_le_bytes().to_vec())
+}
+
+/// Checks [`QuantizeOptions::input_amax`] against the modules that are quantized.
+fn check_input_amax(opts: &QuantizeOptions, quantized: &[String]) -> Result<(), CheckpointError> {
+    if opts.input_amax.is_empty() {
+        return Ok(());
+    }
+    let bad = |m: String| Err(CheckpointError::Options(m));
+    if opts.scheme == Scheme::Mxfp8 {
+        return bad(
+            "MXFP8 activations are scaled per block at run time: there is no input scale to \
+             calibrate (input amax given)"
+                .into(),
+        );
+    }
+    for (m, &a) in &opts.input_amax {
+        if quantized.binary_search(m).is_err() {
+            return bad(format!(
+                "an input amax is given for `{m}`, which is not a quantized linear layer"
+            ));
+        }
+        let ok =
+            a.is_finite() && a > 0.0 && (opts.layout == Layout::ModelOpt || (1.0 / a).is_finite());
+        if !ok {
+            return bad(format!(
+                "the input amax {a:e} of `{m}` must be finite and positive (a normal f32)"
+            ));
+        }
+    }
+    if let Some(m) = quantized.iter().find(|m| !opts.input_amax.contains_key(*m)) {
+        return bad(format!(
+            "no input amax for the quantized layer `{m}`: calibrate every quantized layer or none"
+        ));
+    }
+    Ok(())
+}
+
+fn weight_outputs(p: &str, n: usize, k: usize, opts: &QuantizeOptions) -> Vec<OutTensor> {
     match (opts.scheme, opts.layout) {
         (Scheme::Nvfp4, Layout::ModelOpt) => vec![
             OutTensor::new(format!("{p}.weight"), Dtype::U8, vec![n, k / 2]),
@@ -565,11 +637,24 @@ fn quant_config(opts: &QuantizeOptions, ignored: &[String]) -> (Value, Option<Va
                     "mxfp8-quantized",
                 ),
             };
+            // NVFP4 with calibrated global scales: the `NVFP4` scheme (W4A4, block scales
+            // computed at run time, `dynamic: local`); otherwise `NVFP4A16` / `MXFP8A16`.
+            let input_activations = if opts.input_amax.is_empty() {
+                Value::Null
+            } else {
+                json!({
+                    "num_bits": 4, "type": "float", "symmetric": true, "group_size": 16,
+                    "strategy": "tensor_group", "block_structure": null, "dynamic": "local",
+                    "actorder": null, "scale_dtype": "torch.float8_e4m3fn",
+                    "zp_dtype": "torch.float8_e4m3fn", "observer": "static_minmax",
+                    "observer_kwargs": {},
+                })
+            };
             let cfg = json!({
                 "config_groups": {"group_0": {
                     "targets": ["Linear"],
                     "weights": weights,
-                    "input_activations": null,
+                    "input_activations": input_activations,
                     "output_activations": null,
                     "format": format,
                 }},
@@ -614,6 +699,7 @@ pub fn quantize_checkpoint(
     // Plan and validate everything before writing anything.
     let mut plans: Vec<(Vec<Job>, Vec<OutTensor>)> = vec![];
     let mut ignored = vec![];
+    let mut quantized_modules = vec![];
     let mut rename = BTreeMap::new(); // input tensor -> output tensors (for the index)
     let (mut n_jobs, mut total) = (0usize, 0u64);
     for f in &files {
@@ -653,6 +739,7 @@ pub fn quantize_checkpoint(
                         ),
                     });
                 }
+                quantized_modules.push(module_of(&t.name).to_string());
                 let o = quantized_outputs(t, opts);
                 rename.insert(t.name.clone(), o.iter().map(|o| o.name.clone()).collect());
                 outs.extend(o);
@@ -671,6 +758,8 @@ pub fn quantize_checkpoint(
         plans.push((jobs, outs));
     }
     ignored.sort();
+    quantized_modules.sort();
+    check_input_amax(opts, &quantized_modules)?;
     progress.begin(n_jobs, total);
 
     let staging = Staging::new(output)?;
@@ -703,7 +792,7 @@ pub fn quantize_checkpoint(
                         let mut x = vec![];
                         io::to_f32(t.dtype, bytes, &mut x);
                         let (rows, cols) = (t.shape[0], t.shape[1]);
-                        let (data, stats) =
+                        let (mut data, stats) =
                             quantize_one(&x, rows, cols, opts).map_err(|e| match e {
                                 crate::FormatError::NonFinite { .. } => nonfinite(&f.path, t, &x),
                                 other => CheckpointError::BadShape {
@@ -713,6 +802,7 @@ pub fn quantize_checkpoint(
                                     reason: other.to_string(),
                                 },
                             })?;
+                        data.extend(input_scale_bytes(module_of(&t.name), opts));
                         for (o, d) in quantized_outputs(t, opts).iter().zip(&data) {
                             writer.write(&o.name, d)?;
                         }
