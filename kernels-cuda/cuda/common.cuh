@@ -432,4 +432,73 @@ NB_DEV void read_col16(const float* smem, int lc, int g, float (&v)[16]) {
 
 NB_DEV int round_up_int(int v, int m) { return (v + m - 1) / m * m; }
 
+
+// ------------------------------------------------------------------------------------------
+// Training-step helpers: ports of autograd/src/cpu.rs (Cephes exp, tanh, sigmoid, the
+// 16-lane reduction tree) and warp-level reductions with a fixed (deterministic) order.
+// ------------------------------------------------------------------------------------------
+
+// autograd cpu.rs `exp`: branch-free Cephes expf (NaN propagates; 0 below -87; e^88 above 88).
+NB_DEV float cephes_exp(float x0) {
+  float x = x0 > 88.0f ? 88.0f : x0;
+  x = x < -87.0f ? -87.0f : x;
+  const float kMagic = 12582912.0f;
+  const float t = __fadd_rn(__fmul_rn(x, 1.44269504088896340736f), kMagic);
+  const float fx = __fsub_rn(t, kMagic);
+  const u32 n = f2u(t) - f2u(kMagic);
+  const float r = __fsub_rn(__fsub_rn(x, __fmul_rn(fx, 0.6933594f)), __fmul_rn(fx, -2.1219444e-4f));
+  const float z = __fmul_rn(r, r);
+  float p = 1.9875691e-4f;
+  p = __fadd_rn(__fmul_rn(p, r), 1.3981999e-3f);
+  p = __fadd_rn(__fmul_rn(p, r), 8.333452e-3f);
+  p = __fadd_rn(__fmul_rn(p, r), 4.1665796e-2f);
+  p = __fadd_rn(__fmul_rn(p, r), 1.6666665e-1f);
+  p = __fadd_rn(__fmul_rn(p, r), 0.5f);
+  const float y = __fadd_rn(__fadd_rn(__fmul_rn(p, z), r), 1.0f);
+  const float res = __fmul_rn(y, u2f((n + 127u) << 23));
+  return x0 < -87.0f ? 0.0f : res;
+}
+
+// autograd cpu.rs `tanh`: 1 - 2 / (e^{2x} + 1).
+NB_DEV float cpu_tanh(float x) {
+  return __fsub_rn(1.0f, __fdiv_rn(2.0f, __fadd_rn(cephes_exp(__fmul_rn(2.0f, x)), 1.0f)));
+}
+
+// autograd cpu.rs `sigmoid`: 1 / (1 + e^{-x}).
+NB_DEV float cpu_sigmoid(float x) { return __fdiv_rn(1.0f, __fadd_rn(1.0f, cephes_exp(-x))); }
+
+// Writes (acc == 0) or adds (acc != 0) `v` to `*d` (autograd cpu.rs `store`).
+NB_DEV void store_acc(float* d, int acc, float v) { *d = acc ? __fadd_rn(*d, v) : v; }
+
+// autograd cpu.rs `sum16` over the values held by lanes 0..15 of a warp (lane l holds a[l]):
+// s[l] = a[l] + a[l+8]; ((s0+s4) + (s1+s5)) + ((s2+s6) + (s3+s7)). Every lane must call it;
+// the result is valid in lane 0.
+NB_DEV float warp_sum16_tree(float v) {
+  v = __fadd_rn(v, __shfl_xor_sync(0xFFFFFFFFu, v, 8));
+  v = __fadd_rn(v, __shfl_xor_sync(0xFFFFFFFFu, v, 4));
+  v = __fadd_rn(v, __shfl_xor_sync(0xFFFFFFFFu, v, 1));
+  v = __fadd_rn(v, __shfl_xor_sync(0xFFFFFFFFu, v, 2));
+  return v;
+}
+
+// `acc.iter().sum::<f32>()` over lanes 0..15 (sequential from -0.0, which adds exactly like a
+// start at lane 0's value). Every lane must call it; the result is valid in every lane.
+NB_DEV float warp_sum16_seq(float v) {
+  float s = -0.0f;
+  for (int l = 0; l < 16; ++l) s = __fadd_rn(s, __shfl_sync(0xFFFFFFFFu, v, l));
+  return s;
+}
+
+// A deterministic full-warp sum (xor butterfly 16, 8, 4, 2, 1): the same bits in every lane.
+NB_DEV float warp_sum(float v) {
+  for (int o = 16; o > 0; o >>= 1) v = __fadd_rn(v, __shfl_xor_sync(0xFFFFFFFFu, v, o));
+  return v;
+}
+
+// Full-warp maximum (exact; fmaxf ignores NaN, callers mask their inputs).
+NB_DEV float warp_max(float v) {
+  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xFFFFFFFFu, v, o));
+  return v;
+}
+
 }  // namespace nb

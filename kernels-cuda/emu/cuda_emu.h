@@ -60,7 +60,7 @@ constexpr int kWarps = kBlock / 32;
 struct Sync {
   std::barrier<> block{kBlock};
   std::vector<std::barrier<>*> warp;
-  unsigned int exchange[kWarps][32];
+  unsigned long long exchange[kWarps][32];
   Sync() {
     for (int i = 0; i < kWarps; ++i) warp.push_back(new std::barrier<>(32));
   }
@@ -126,6 +126,7 @@ inline float __fdiv_rn(float a, float b) { return a / b; }
 inline unsigned int __umulhi(unsigned int a, unsigned int b) {
   return (unsigned int)(((unsigned long long)a * (unsigned long long)b) >> 32);
 }
+inline float __fsqrt_rn(float a) { return std::sqrt(a); }
 inline int __float2int_rz(float x) { return (int)x; }
 template <class T>
 inline T __ldg(const T* p) {
@@ -136,21 +137,29 @@ inline int min(int a, int b) { return a < b ? a : b; }
 inline int max(int a, int b) { return a > b ? a : b; }
 inline unsigned int min(unsigned int a, unsigned int b) { return a < b ? a : b; }
 inline unsigned int max(unsigned int a, unsigned int b) { return a > b ? a : b; }
+inline unsigned long long min(unsigned long long a, unsigned long long b) { return a < b ? a : b; }
+inline unsigned long long max(unsigned long long a, unsigned long long b) { return a > b ? a : b; }
+
+// Lane `src` of the calling warp's value `v` (every lane of the warp must call it).
+template <class T>
+inline T emu_warp_read(T v, int src) {
+  static_assert(sizeof(T) == 4 || sizeof(T) == 8, "32- or 64-bit shuffles only");
+  auto* s = emu::sync_state;
+  const int w = emu::warp_id(), l = emu::lane_id();
+  unsigned long long bits = 0;
+  std::memcpy(&bits, &v, sizeof(T));
+  s->exchange[w][l] = bits;
+  s->warp[w]->arrive_and_wait();
+  const unsigned long long got = s->exchange[w][src & 31];
+  s->warp[w]->arrive_and_wait();
+  T r;
+  std::memcpy(&r, &got, sizeof(T));
+  return r;
+}
 
 template <class T>
 inline T emu_warp_exchange(T v, int src_lane_xor) {
-  static_assert(sizeof(T) == 4, "32-bit shuffles only");
-  auto* s = emu::sync_state;
-  const int w = emu::warp_id(), l = emu::lane_id();
-  unsigned int bits;
-  std::memcpy(&bits, &v, 4);
-  s->exchange[w][l] = bits;
-  s->warp[w]->arrive_and_wait();
-  const unsigned int got = s->exchange[w][l ^ src_lane_xor];
-  s->warp[w]->arrive_and_wait();
-  T r;
-  std::memcpy(&r, &got, 4);
-  return r;
+  return emu_warp_read(v, emu::lane_id() ^ src_lane_xor);
 }
 
 template <class T>
@@ -158,13 +167,21 @@ inline T __shfl_xor_sync(unsigned int, T v, int lane_mask) {
   return emu_warp_exchange(v, lane_mask);
 }
 
+template <class T>
+inline T __shfl_sync(unsigned int, T v, int src_lane) {
+  return emu_warp_read(v, src_lane);
+}
+
 inline unsigned int emu_warp_reduce(unsigned int v, bool is_max) {
   auto* s = emu::sync_state;
   const int w = emu::warp_id(), l = emu::lane_id();
   s->exchange[w][l] = v;
   s->warp[w]->arrive_and_wait();
-  unsigned int r = s->exchange[w][0];
-  for (int i = 1; i < 32; ++i) r = is_max ? std::max(r, s->exchange[w][i]) : (r | s->exchange[w][i]);
+  unsigned int r = (unsigned int)s->exchange[w][0];
+  for (int i = 1; i < 32; ++i) {
+    const unsigned int e = (unsigned int)s->exchange[w][i];
+    r = is_max ? std::max(r, e) : (r | e);
+  }
   s->warp[w]->arrive_and_wait();
   return r;
 }

@@ -101,9 +101,40 @@ pub const NVFP4: Module = module!("nvfp4");
 pub const MX: Module = module!("mx");
 /// Per-tensor FP8 cast and dequantization.
 pub const FP8: Module = module!("fp8");
+/// GELU / SiLU / SwiGLU forward and backward.
+pub const ACTIVATION: Module = module!("activation");
+/// Fused causal attention: forward with log-sum-exp, tiled backward.
+pub const ATTENTION: Module = module!("attention");
+/// Fused softmax cross-entropy forward and backward.
+pub const CROSS_ENTROPY: Module = module!("cross_entropy");
+/// add / mul / scale / copy, column sums, f64 sums, BF16 rounding.
+pub const ELEMENTWISE: Module = module!("elementwise");
+/// Embedding gather and deterministic scatter-add.
+pub const EMBEDDING: Module = module!("embedding");
+/// A fixed-order f32 GEMM.
+pub const GEMM: Module = module!("gemm");
+/// RMSNorm and LayerNorm forward and backward.
+pub const NORM: Module = module!("norm");
+/// Gradient norm and AdamW.
+pub const OPTIM: Module = module!("optim");
+/// Rotary position embedding.
+pub const ROPE: Module = module!("rope");
 
 /// Every module, sorted by name (the manifest's order).
-pub const MODULES: [Module; 3] = [FP8, MX, NVFP4];
+pub const MODULES: [Module; 12] = [
+    ACTIVATION,
+    ATTENTION,
+    CROSS_ENTROPY,
+    ELEMENTWISE,
+    EMBEDDING,
+    FP8,
+    GEMM,
+    MX,
+    NORM,
+    NVFP4,
+    OPTIM,
+    ROPE,
+];
 
 /// The headers every module includes (`cuda/*.cuh`, sorted by name).
 pub const HEADERS: [(&str, &str); 1] = [("common.cuh", include_str!("../cuda/common.cuh"))];

@@ -1,0 +1,214 @@
+// Fused causal attention on [BH, T, D] tensors (D <= 128), forward saving the per-row
+// log-sum-exp and a tiled backward, deterministic without atomics:
+//
+// * nb_attn_fwd: one warp per query row, 8 rows per block; key / value tiles of 32 rows in
+//   shared memory; lane j scores key j (s = scale * q.k), online softmax per tile (Cephes exp),
+//   lane c accumulates output columns c, c + 32, ...; o = acc / l, lse = m + log(l).
+// * nb_attn_delta: delta[i] = dO_i . O_i.
+// * nb_attn_bwd_dq: one warp per query row, recomputes P = exp(S - lse) tile by tile,
+//   dS = P * (dO.V - delta), dQ = scale * dS K.
+// * nb_attn_bwd_dkdv: one warp per key row, over the query tiles that see it:
+//   dV = P^T dO, dK = scale * dS^T Q.
+//
+// Every sum has a fixed order (lane order, then tile order), so every run gives the same bits.
+// The CPU op (autograd/src/ops/attention.rs) uses quant's blocked sgemm, whose summation order
+// differs: autograd/tests/cuda_emulated.rs compares within a derived bound, not bit for bit.
+#include "common.cuh"
+
+using namespace nb;
+
+#define AT_KT 32
+#define AT_DMAX 128
+#define AT_ROWS 8
+
+NB_DEV float neg_inf() { return -__uint_as_float(0x7F800000u); }
+
+// Loads rows j0 .. j0 + 31 of a [t, d] matrix into `dst` (row stride `ld`), zeros past t.
+NB_DEV void load_tile32(float* dst, int ld, const float* src, int j0, int t, int d) {
+  for (int e = threadIdx.x; e < AT_KT * d; e += 256) {
+    const int jj = e / d, c = e % d, j = j0 + jj;
+    dst[jj * ld + c] = j < t ? src[(u64)j * d + c] : 0.0f;
+  }
+}
+
+// a . b over d elements from shared memory, sequential.
+NB_DEV float dot_seq(const float* a, const float* b, int d) {
+  float s = 0.0f;
+  for (int c = 0; c < d; ++c) s = __fadd_rn(s, __fmul_rn(a[c], b[c]));
+  return s;
+}
+
+extern "C" __global__ void __launch_bounds__(256) nb_attn_fwd(const float* q, const float* k, const float* v, int t,
+                                                              int d, float scale, float* o, float* lse) {
+  __shared__ float ks[AT_KT * (AT_DMAX + 1)];
+  __shared__ float vs[AT_KT * AT_DMAX];
+  __shared__ float qs[AT_ROWS * AT_DMAX];
+  const int w = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const u64 base = (u64)blockIdx.y * t * d;
+  const int i = blockIdx.x * AT_ROWS + w;
+  const bool active = i < t;
+  for (int c = lane; c < d; c += 32) qs[w * AT_DMAX + c] = active ? q[base + (u64)i * d + c] : 0.0f;
+  const int last = min((int)blockIdx.x * AT_ROWS + AT_ROWS - 1, t - 1);
+  float m = neg_inf(), l = 0.0f, acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+  for (int j0 = 0; j0 <= last; j0 += AT_KT) {
+    __syncthreads();
+    load_tile32(ks, AT_DMAX + 1, k + base, j0, t, d);
+    load_tile32(vs, AT_DMAX, v + base, j0, t, d);
+    __syncthreads();
+    if (active && j0 <= i) {  // warp-uniform
+      const int j = j0 + lane;
+      const bool vis = j <= i;
+      const float s = __fmul_rn(scale, dot_seq(qs + w * AT_DMAX, ks + lane * (AT_DMAX + 1), d));
+      const float mn = fmaxf(m, warp_max(vis ? s : neg_inf()));
+      const float p = vis ? cephes_exp(__fsub_rn(s, mn)) : 0.0f;
+      const float alpha = cephes_exp(__fsub_rn(m, mn));
+      l = __fadd_rn(__fmul_rn(l, alpha), warp_sum(p));
+      const int nvis = min(AT_KT, i - j0 + 1);
+#pragma unroll
+      for (int cc = 0; cc < 4; ++cc) acc[cc] = __fmul_rn(acc[cc], alpha);
+      for (int jj = 0; jj < nvis; ++jj) {
+        const float pj = __shfl_sync(0xFFFFFFFFu, p, jj);
+#pragma unroll
+        for (int cc = 0; cc < 4; ++cc) {
+          const int c = lane + 32 * cc;
+          if (c < d) acc[cc] = __fadd_rn(acc[cc], __fmul_rn(pj, vs[jj * AT_DMAX + c]));
+        }
+      }
+      m = mn;
+    }
+  }
+  if (!active) return;
+#pragma unroll
+  for (int cc = 0; cc < 4; ++cc) {
+    const int c = lane + 32 * cc;
+    if (c < d) o[base + (u64)i * d + c] = __fdiv_rn(acc[cc], l);
+  }
+  if (lane == 0) lse[(u64)blockIdx.y * t + i] = __fadd_rn(m, logf(l));
+}
+
+// delta[r] = dO_r . O_r for every row of [rows, d]; one warp per row.
+extern "C" __global__ void __launch_bounds__(256) nb_attn_delta(const float* dout, const float* out, u64 rows,
+                                                                int d, float* delta) {
+  const u64 r = (u64)blockIdx.x * AT_ROWS + threadIdx.x / 32;
+  const int lane = threadIdx.x % 32;
+  if (r >= rows) return;
+  float s = 0.0f;
+  for (int c = lane; c < d; c += 32) s = __fadd_rn(s, __fmul_rn(dout[r * d + c], out[r * d + c]));
+  s = warp_sum(s);
+  if (lane == 0) delta[r] = s;
+}
+
+extern "C" __global__ void __launch_bounds__(256) nb_attn_bwd_dq(const float* q, const float* k, const float* v,
+                                                                 const float* dout, const float* lse,
+                                                                 const float* delta, int t, int d, float scale,
+                                                                 int acc_dq, float* dq) {
+  __shared__ float ks[AT_KT * (AT_DMAX + 1)];
+  __shared__ float vs[AT_KT * (AT_DMAX + 1)];
+  __shared__ float qs[AT_ROWS * AT_DMAX];
+  __shared__ float dos[AT_ROWS * AT_DMAX];
+  const int w = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const u64 base = (u64)blockIdx.y * t * d;
+  const int i = blockIdx.x * AT_ROWS + w;
+  const bool active = i < t;
+  for (int c = lane; c < d; c += 32) {
+    qs[w * AT_DMAX + c] = active ? q[base + (u64)i * d + c] : 0.0f;
+    dos[w * AT_DMAX + c] = active ? dout[base + (u64)i * d + c] : 0.0f;
+  }
+  const float li = active ? lse[(u64)blockIdx.y * t + i] : 0.0f;
+  const float di = active ? delta[(u64)blockIdx.y * t + i] : 0.0f;
+  const int last = min((int)blockIdx.x * AT_ROWS + AT_ROWS - 1, t - 1);
+  float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+  for (int j0 = 0; j0 <= last; j0 += AT_KT) {
+    __syncthreads();
+    load_tile32(ks, AT_DMAX + 1, k + base, j0, t, d);
+    load_tile32(vs, AT_DMAX + 1, v + base, j0, t, d);
+    __syncthreads();
+    if (active && j0 <= i) {
+      const int j = j0 + lane;
+      const bool vis = j <= i;
+      const float s = __fmul_rn(scale, dot_seq(qs + w * AT_DMAX, ks + lane * (AT_DMAX + 1), d));
+      const float p = vis ? cephes_exp(__fsub_rn(s, li)) : 0.0f;
+      const float dp = dot_seq(dos + w * AT_DMAX, vs + lane * (AT_DMAX + 1), d);
+      const float ds = __fmul_rn(p, __fsub_rn(dp, di));
+      const int nvis = min(AT_KT, i - j0 + 1);
+      for (int jj = 0; jj < nvis; ++jj) {
+        const float dsj = __shfl_sync(0xFFFFFFFFu, ds, jj);
+#pragma unroll
+        for (int cc = 0; cc < 4; ++cc) {
+          const int c = lane + 32 * cc;
+          if (c < d) acc[cc] = __fadd_rn(acc[cc], __fmul_rn(dsj, ks[jj * (AT_DMAX + 1) + c]));
+        }
+      }
+    }
+  }
+  if (!active) return;
+#pragma unroll
+  for (int cc = 0; cc < 4; ++cc) {
+    const int c = lane + 32 * cc;
+    if (c < d) store_acc(dq + base + (u64)i * d + c, acc_dq, __fmul_rn(scale, acc[cc]));
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(256) nb_attn_bwd_dkdv(const float* q, const float* k, const float* v,
+                                                                   const float* dout, const float* lse,
+                                                                   const float* delta, int t, int d, float scale,
+                                                                   int acc_dk, float* dk, int acc_dv, float* dv) {
+  __shared__ float qs[AT_KT * (AT_DMAX + 1)];
+  __shared__ float dos[AT_KT * (AT_DMAX + 1)];
+  __shared__ float kw[AT_ROWS * AT_DMAX];
+  __shared__ float vw[AT_ROWS * AT_DMAX];
+  __shared__ float ls[AT_KT];
+  __shared__ float dls[AT_KT];
+  const int w = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const u64 base = (u64)blockIdx.y * t * d;
+  const u64 sbase = (u64)blockIdx.y * t;
+  const int jrow = blockIdx.x * AT_ROWS + w;
+  const bool active = jrow < t;
+  for (int c = lane; c < d; c += 32) {
+    kw[w * AT_DMAX + c] = active ? k[base + (u64)jrow * d + c] : 0.0f;
+    vw[w * AT_DMAX + c] = active ? v[base + (u64)jrow * d + c] : 0.0f;
+  }
+  float ak[4] = {0.0f, 0.0f, 0.0f, 0.0f}, av[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+  const int first = (int)blockIdx.x * AT_ROWS / AT_KT * AT_KT;
+  for (int i0 = first; i0 < t; i0 += AT_KT) {
+    __syncthreads();
+    load_tile32(qs, AT_DMAX + 1, q + base, i0, t, d);
+    load_tile32(dos, AT_DMAX + 1, dout + base, i0, t, d);
+    if (threadIdx.x < AT_KT) {
+      const int i = i0 + threadIdx.x;
+      ls[threadIdx.x] = i < t ? lse[sbase + i] : 0.0f;
+      dls[threadIdx.x] = i < t ? delta[sbase + i] : 0.0f;
+    }
+    __syncthreads();
+    if (active && i0 + AT_KT - 1 >= jrow) {  // warp-uniform
+      const int i = i0 + lane;
+      const bool vis = i >= jrow && i < t;
+      const float s = __fmul_rn(scale, dot_seq(qs + lane * (AT_DMAX + 1), kw + w * AT_DMAX, d));
+      const float p = vis ? cephes_exp(__fsub_rn(s, ls[lane])) : 0.0f;
+      const float dp = dot_seq(dos + lane * (AT_DMAX + 1), vw + w * AT_DMAX, d);
+      const float ds = __fmul_rn(p, __fsub_rn(dp, dls[lane]));
+      const int lo = max(jrow - i0, 0), hi = min(AT_KT, t - i0);
+      for (int ii = lo; ii < hi; ++ii) {
+        const float pi = __shfl_sync(0xFFFFFFFFu, p, ii);
+        const float dsi = __shfl_sync(0xFFFFFFFFu, ds, ii);
+#pragma unroll
+        for (int cc = 0; cc < 4; ++cc) {
+          const int c = lane + 32 * cc;
+          if (c < d) {
+            av[cc] = __fadd_rn(av[cc], __fmul_rn(pi, dos[ii * (AT_DMAX + 1) + c]));
+            ak[cc] = __fadd_rn(ak[cc], __fmul_rn(dsi, qs[ii * (AT_DMAX + 1) + c]));
+          }
+        }
+      }
+    }
+  }
+  if (!active) return;
+#pragma unroll
+  for (int cc = 0; cc < 4; ++cc) {
+    const int c = lane + 32 * cc;
+    if (c < d) {
+      store_acc(dk + base + (u64)jrow * d + c, acc_dk, __fmul_rn(scale, ak[cc]));
+      store_acc(dv + base + (u64)jrow * d + c, acc_dv, av[cc]);
+    }
+  }
+}

@@ -1,0 +1,90 @@
+// Elementwise and reduction kernels of autograd's op set, bit-exact with autograd's CPU
+// kernels (autograd/src/ops/elementwise.rs, reduce.rs, round_bf16.rs, cpu.rs `sum_rows`):
+// every element is computed with the same f32 operations in the same order, and every
+// reduction adds in the CPU's order (sequential per column / per chunk, chunks in order), so
+// no atomics and the same bits on every run. Grid-stride loops over 256-thread blocks.
+#include "common.cuh"
+
+using namespace nb;
+
+#define NB_GRID_STRIDE(i, n) \
+  for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < (n); i += (u64)gridDim.x * blockDim.x)
+
+// out[i] = a[i] + b[i % nb] (nb == n: same shape; else b broadcast over leading dimensions).
+extern "C" __global__ void __launch_bounds__(256) nb_add(const float* a, const float* b, u64 nb, u64 n,
+                                                         float* out) {
+  NB_GRID_STRIDE(i, n) { out[i] = __fadd_rn(a[i], b[i % nb]); }
+}
+
+// out[i] (+)= a[i] * b[i % nb] (elementwise.rs `mul_into`).
+extern "C" __global__ void __launch_bounds__(256) nb_mul(const float* a, const float* b, u64 nb, u64 n, int acc,
+                                                         float* out) {
+  NB_GRID_STRIDE(i, n) { store_acc(out + i, acc, __fmul_rn(a[i], b[i % nb])); }
+}
+
+// out[i] (+)= s * x[i] (elementwise.rs `scale`); s = 1 is `copy_or_add`.
+extern "C" __global__ void __launch_bounds__(256) nb_scale(const float* x, float s, u64 n, int acc, float* out) {
+  NB_GRID_STRIDE(i, n) { store_acc(out + i, acc, __fmul_rn(s, x[i])); }
+}
+
+// out[i] (+)= src[i] (elementwise.rs `copy_or_add`; also the straight-through round_bf16 grad).
+extern "C" __global__ void __launch_bounds__(256) nb_copy_or_add(const float* src, u64 n, int acc, float* out) {
+  NB_GRID_STRIDE(i, n) { store_acc(out + i, acc, src[i]); }
+}
+
+// out[i] (+)= v, with v = (float)(dy[0] * factor) in f64 (reduce.rs backward of sum / mean).
+extern "C" __global__ void __launch_bounds__(256) nb_fill_scaled(const float* dy, double factor, u64 n, int acc,
+                                                                 float* out) {
+  const float v = (float)((double)dy[0] * factor);
+  NB_GRID_STRIDE(i, n) { store_acc(out + i, acc, v); }
+}
+
+// out[i] = round_to_bf16(x[i]) (round_bf16.rs; NaN passes through).
+extern "C" __global__ void __launch_bounds__(256) nb_round_bf16(const float* x, u64 n, float* out) {
+  NB_GRID_STRIDE(i, n) { out[i] = round_bf16(x[i]); }
+}
+
+// Column sums, stage 1 (cpu.rs `sum_rows`, parallel path): part[c * n + j] = 0 + the rows
+// c*per .. min((c+1)*per, rows) of column j, added in row order.
+extern "C" __global__ void __launch_bounds__(256) nb_sum_rows_part(const float* src, u64 rows, u64 n, u64 per,
+                                                                   u64 nchunks, float* part) {
+  NB_GRID_STRIDE(i, nchunks * n) {
+    const u64 c = i / n, j = i % n;
+    const u64 r1 = min((c + 1) * per, rows);
+    float s = 0.0f;
+    for (u64 r = c * per; r < r1; ++r) s = __fadd_rn(s, src[r * n + j]);
+    part[i] = s;
+  }
+}
+
+// Column sums, stage 2: dst[j] = (acc ? dst[j] : 0) + part[0][j] + part[1][j] + ... in order.
+// With part = the matrix itself and nparts = rows this is `sum_rows`'s small-input path.
+extern "C" __global__ void __launch_bounds__(256) nb_sum_rows_finish(const float* part, u64 nparts, u64 n,
+                                                                     int acc, float* dst) {
+  NB_GRID_STRIDE(j, n) {
+    float s = acc ? dst[j] : 0.0f;
+    for (u64 c = 0; c < nparts; ++c) s = __fadd_rn(s, part[c * n + j]);
+    dst[j] = s;
+  }
+}
+
+// Sum of all elements in f64 (reduce.rs `sum_f64`), stage 1: part[c] = the f64 sum of
+// x[c*chunk .. (c+1)*chunk] in order, one thread per chunk.
+extern "C" __global__ void __launch_bounds__(256) nb_sum_f64_part(const float* x, u64 n, u64 chunk, u64 nchunks,
+                                                                  double* part) {
+  NB_GRID_STRIDE(c, nchunks) {
+    const u64 e = min((c + 1) * chunk, n);
+    double s = -0.0;
+    for (u64 i = c * chunk; i < e; ++i) s += (double)x[i];
+    part[c] = s;
+  }
+}
+
+// Stage 2 (one thread): out[0] = (float)((part[0] + part[1] + ...) * factor).
+extern "C" __global__ void __launch_bounds__(256) nb_sum_f64_finish(const double* part, u64 nparts, double factor,
+                                                                    float* out) {
+  if (blockIdx.x != 0 || threadIdx.x != 0) return;
+  double s = -0.0;
+  for (u64 c = 0; c < nparts; ++c) s += part[c];
+  out[0] = (float)(s * factor);
+}
