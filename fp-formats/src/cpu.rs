@@ -8,6 +8,12 @@
 //! the same bits as its portable twin (each crate's tests compare them), so the choice
 //! changes speed only.
 //!
+//! The same switch covers the AVX-512 BF16 dot-product instruction (`vdpbf16ps`, used by the
+//! peak probe) and the AMX-BF16 tile unit (`quant`'s BF16 GEMM): [`has_avx512_bf16`] and
+//! [`has_amx_bf16`]. AMX also needs the kernel's permission to use the tile state, requested
+//! once per process here (`arch_prctl(ARCH_REQ_XCOMP_PERM)` on Linux); without it the answer
+//! is `false`. The AMX GEMM computes the same bits as its portable twin too.
+//!
 //! ```
 //! // Whatever the machine, the answer is stable within a process.
 //! assert_eq!(fp_formats::cpu::has_avx2(), fp_formats::cpu::has_avx2());
@@ -26,6 +32,8 @@ pub const FORCE_PORTABLE_ENV: [&str; 2] = ["NIBBLE_FORCE_PORTABLE", "FP_FORMATS_
 struct Features {
     avx2: bool,
     fma: bool,
+    avx512_bf16: bool,
+    amx_bf16: bool,
 }
 
 fn features() -> Features {
@@ -41,9 +49,16 @@ fn features() -> Features {
         );
         #[cfg(not(target_arch = "x86_64"))]
         let (avx2, fma) = (false, false);
+        #[cfg(target_arch = "x86_64")]
+        let avx512_bf16 =
+            std::is_x86_feature_detected!("avx512f") && std::is_x86_feature_detected!("avx512bf16");
+        #[cfg(not(target_arch = "x86_64"))]
+        let avx512_bf16 = false;
         Features {
             avx2: avx2 && !forced,
             fma: fma && !forced,
+            avx512_bf16: avx512_bf16 && !forced,
+            amx_bf16: !forced && amx_bf16_usable(),
         }
     })
 }
@@ -59,4 +74,62 @@ pub fn has_avx2() -> bool {
 pub fn has_avx2_fma() -> bool {
     let f = features();
     f.avx2 && f.fma
+}
+
+/// Whether AVX-512F + AVX512_BF16 code (`vdpbf16ps`) may run.
+#[inline]
+pub fn has_avx512_bf16() -> bool {
+    features().avx512_bf16
+}
+
+/// Whether AMX-BF16 tile code (`tdpbf16ps`) may run: the CPU has AMX-TILE and AMX-BF16, the
+/// operating system granted this process the tile state, and the portable code is not
+/// forced.
+///
+/// ```
+/// if fp_formats::cpu::has_amx_bf16() {
+///     assert!(std::env::var_os("NIBBLE_FORCE_PORTABLE").is_none());
+/// }
+/// ```
+#[inline]
+pub fn has_amx_bf16() -> bool {
+    features().amx_bf16
+}
+
+/// CPUID leaf 7 (AMX-TILE: EDX bit 24, AMX-BF16: EDX bit 22), then the Linux permission
+/// request for the tile data state (`arch_prctl(ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA)`,
+/// which fails on kernels or hypervisors without it).
+#[cfg(all(target_arch = "x86_64", target_os = "linux"))]
+fn amx_bf16_usable() -> bool {
+    // CPUID is safe on every x86_64 CPU; leaf 7 is read only when leaf 0 lists it.
+    if std::arch::x86_64::__cpuid(0).eax < 7 {
+        return false;
+    }
+    let leaf7 = std::arch::x86_64::__cpuid_count(7, 0);
+    if leaf7.edx & (1 << 24) == 0 || leaf7.edx & (1 << 22) == 0 {
+        return false;
+    }
+    const SYS_ARCH_PRCTL: i64 = 158;
+    const ARCH_REQ_XCOMP_PERM: i64 = 0x1023;
+    const XFEATURE_XTILEDATA: i64 = 18;
+    let ret: i64;
+    // SAFETY: the arch_prctl system call only changes this process's permitted extended
+    // state; it reads no memory of ours. rcx and r11 are clobbered by `syscall`.
+    unsafe {
+        std::arch::asm!(
+            "syscall",
+            inlateout("rax") SYS_ARCH_PRCTL => ret,
+            in("rdi") ARCH_REQ_XCOMP_PERM,
+            in("rsi") XFEATURE_XTILEDATA,
+            lateout("rcx") _,
+            lateout("r11") _,
+            options(nostack),
+        );
+    }
+    ret == 0
+}
+
+#[cfg(not(all(target_arch = "x86_64", target_os = "linux")))]
+fn amx_bf16_usable() -> bool {
+    false
 }

@@ -2,6 +2,13 @@
 //! arbitrary strides so transposes are free), behind a small safe wrapper.
 //!
 //! Threads: `matrixmultiply` reads `MATMUL_NUM_THREADS` (default: all cores).
+//!
+//! [`bf16`] is the BF16 GEMM (BF16 operands, FP32 accumulation) of the quantized recipes, on
+//! the AMX-BF16 tile unit where the CPU has one.
+
+#[cfg(target_arch = "x86_64")]
+mod amx;
+pub mod bf16;
 
 /// A read-only strided matrix view: element `(i, j)` is `data[i * row_stride + j * col_stride]`.
 #[derive(Clone, Copy, Debug)]
@@ -41,7 +48,7 @@ impl<'a> MatRef<'a> {
         }
     }
 
-    fn fits(&self) -> bool {
+    pub(crate) fn fits(&self) -> bool {
         if self.rows == 0 || self.cols == 0 {
             return true;
         }

@@ -1,0 +1,94 @@
+//! The AMX-BF16 kernel of [`super::bf16`]: a 32 x 32 output block (2 x 2 tiles) accumulated
+//! over all K chunks in the tile registers. Stable Rust has no AMX intrinsics, so the four
+//! instructions it needs (`ldtilecfg`, `tileloadd`, `tdpbf16ps`, `tilestored`, plus
+//! `tilezero` and `tilerelease`) are written as inline assembly.
+
+use std::arch::asm;
+
+/// The tile configuration (palette 1): all eight tiles 16 rows x 64 bytes.
+#[repr(C, align(64))]
+struct Config {
+    palette: u8,
+    start_row: u8,
+    reserved: [u8; 14],
+    colsb: [u16; 16],
+    rows: [u8; 16],
+}
+
+/// The tile configuration loaded on this thread for the guard's lifetime (released on drop).
+pub(super) struct TileConfig(());
+
+impl TileConfig {
+    /// Loads the configuration. Only call when [`fp_formats::cpu::has_amx_bf16`] is true.
+    pub(super) fn load() -> Self {
+        let mut cfg = Config {
+            palette: 1,
+            start_row: 0,
+            reserved: [0; 14],
+            colsb: [0; 16],
+            rows: [0; 16],
+        };
+        for t in 0..8 {
+            cfg.colsb[t] = 64;
+            cfg.rows[t] = 16;
+        }
+        debug_assert!(fp_formats::cpu::has_amx_bf16());
+        // SAFETY: the caller checked AMX support and permission; `cfg` is a valid 64-byte
+        // palette-1 configuration.
+        unsafe {
+            asm!("ldtilecfg [{}]", in(reg) &cfg as *const Config, options(nostack, readonly))
+        };
+        TileConfig(())
+    }
+}
+
+impl Drop for TileConfig {
+    fn drop(&mut self) {
+        // SAFETY: releases the tile state this guard configured.
+        unsafe { asm!("tilerelease", options(nostack, nomem)) };
+    }
+}
+
+/// `c[tile 2i + j] = Σ_t A(i, t) · B(j, t)` over `kc` chunks: `a` points at two runs of `kc`
+/// packed A tiles (tile `(i, t)` at `(i · kc + t) · 512` BF16), `b` likewise for B, `c` at
+/// four 16 x 16 f32 tiles.
+///
+/// # Safety
+/// AMX-BF16 must be usable and a [`TileConfig`] loaded on this thread; `a` and `b` must be
+/// valid for `2 · kc · 512` BF16 reads, `c` for 1024 f32 writes; `kc >= 1`.
+pub(super) unsafe fn block_2x2(a: *const u16, b: *const u16, kc: usize, c: *mut f32) {
+    let run = kc * 1024; // bytes per run of kc tiles
+    asm!(
+        "tilezero tmm0",
+        "tilezero tmm1",
+        "tilezero tmm2",
+        "tilezero tmm3",
+        "2:",
+        "tileloadd tmm4, [{a0} + {s}*1]",
+        "tileloadd tmm5, [{a1} + {s}*1]",
+        "tileloadd tmm6, [{b0} + {s}*1]",
+        "tileloadd tmm7, [{b1} + {s}*1]",
+        "tdpbf16ps tmm0, tmm4, tmm6",
+        "tdpbf16ps tmm1, tmm4, tmm7",
+        "tdpbf16ps tmm2, tmm5, tmm6",
+        "tdpbf16ps tmm3, tmm5, tmm7",
+        "add {a0}, 1024",
+        "add {a1}, 1024",
+        "add {b0}, 1024",
+        "add {b1}, 1024",
+        "dec {n}",
+        "jnz 2b",
+        "tilestored [{c} + {s}*1], tmm0",
+        "tilestored [{c} + {s}*1 + 1024], tmm1",
+        "tilestored [{c} + {s}*1 + 2048], tmm2",
+        "tilestored [{c} + {s}*1 + 3072], tmm3",
+        a0 = inout(reg) a => _,
+        a1 = inout(reg) a.cast::<u8>().add(run) => _,
+        b0 = inout(reg) b => _,
+        b1 = inout(reg) b.cast::<u8>().add(run) => _,
+        n = inout(reg) kc => _,
+        c = in(reg) c,
+        s = in(reg) 64usize,
+        options(nostack),
+    );
+}

@@ -1,0 +1,307 @@
+//! The BF16 GEMM: `out[M, N] = A[M, K] · B[N, K]ᵀ` with both operands rounded to BF16 and
+//! the products accumulated in FP32, in one fixed arithmetic (docs/numerics.md#the-bf16-gemm)
+//! that the AMX-BF16 tile unit computes and the portable code reproduces bit for bit.
+//!
+//! **The arithmetic.** Inputs are rounded to BF16 (round to nearest even; a value that is
+//! already BF16, as every quantized GEMM operand is, is unchanged); BF16 subnormals count as
+//! zero (DAZ). K is cut into chunks of 32 (the last padded with zeros). For each output
+//! element `c = +0`, and for each chunk
+//!
+//! ```text
+//! e = +0, o = +0
+//! for j in 0..16:  e = e + a[2j]·b[2j];  o = o + a[2j+1]·b[2j+1]
+//! c = c + (e + o)
+//! ```
+//!
+//! where each product of two BF16 values is exact (also below FP32's normal range: the
+//! product is not flushed) and each `+` is one FP32 addition of exact operands rounded to
+//! nearest even, with a subnormal result flushed to zero (FTZ, sign kept). This is
+//! `tdpbf16ps` of Intel's AMX-BF16 as measured on the CPU here (even and odd lanes of a pair
+//! are summed separately; the tests compare it with this model on edge data). Not modelled:
+//! overflow (a product or partial sum beyond FP32's range, where the unit keeps a wider
+//! exponent than this model) and NaN payloads; the quantizers never produce such operands.
+//!
+//! Each output element depends only on its row of A and its row of B, so the result is the
+//! same for any M, N, thread count or parallel split.
+
+use rayon::prelude::*;
+
+use super::MatRef;
+
+/// K elements per chunk (one AMX tile row of BF16 pairs).
+pub const CHUNK: usize = 32;
+/// Rows (of A) or columns (of B) per tile.
+const TILE: usize = 16;
+/// BF16 elements of one packed tile.
+const TILE_ELEMS: usize = TILE * CHUNK;
+/// Rows and columns of the output block one kernel call computes (2 x 2 tiles).
+const BLOCK: usize = 2 * TILE;
+
+/// `x` rounded to BF16 (nearest even; NaN stays a quiet NaN), as bits.
+#[inline(always)]
+pub fn bf16_bits(x: f32) -> u16 {
+    let b = x.to_bits();
+    if x.is_nan() {
+        ((b >> 16) | 0x0040) as u16
+    } else {
+        (b.wrapping_add(0x7fff + ((b >> 16) & 1)) >> 16) as u16
+    }
+}
+
+/// The FP32 value of BF16 bits with subnormals read as zero (DAZ).
+#[inline(always)]
+fn bf16_daz(h: u16) -> f32 {
+    let h = if h & 0x7f80 == 0 { h & 0x8000 } else { h };
+    f32::from_bits((h as u32) << 16)
+}
+
+/// Flush to zero: a subnormal becomes a zero of the same sign.
+#[inline(always)]
+fn ftz(x: f32) -> f32 {
+    if x.is_subnormal() {
+        f32::from_bits(x.to_bits() & 0x8000_0000)
+    } else {
+        x
+    }
+}
+
+/// `ftz(rn32(s + p))` for an f32 `s` and an exact product `p` of two BF16 values (16
+/// significant bits, exponent within f64's range): `s + p` is rounded once to f64 and then to
+/// f32, which equals one rounding to f32 because f64 carries more than `2 · 24 + 2` bits
+/// (double rounding is innocuous for a sum of two operands of at most 24 bits).
+#[inline(always)]
+fn add_exact(s: f32, p: f64) -> f32 {
+    ftz((s as f64 + p) as f32)
+}
+
+/// Packed operands, reusable across calls.
+#[derive(Debug, Default)]
+pub struct Bf16Workspace {
+    a: Vec<u16>,
+    b: Vec<u16>,
+}
+
+impl Bf16Workspace {
+    /// An empty workspace (buffers grow on first use and are then reused).
+    pub fn new() -> Self {
+        Self::default()
+    }
+}
+
+/// `out = A · Bᵀ` for `A: [M, K]` and `B: [N, K]` views (any strides), `out` row-major
+/// `[M, N]`, in the arithmetic of the module docs; on the AMX-BF16 unit when
+/// [`fp_formats::cpu::has_amx_bf16`] says so, portable code otherwise (same bits).
+///
+/// # Panics
+/// If the K dimensions differ, `out` does not hold `M · N` elements or a view does not fit
+/// its storage (callers that take shapes from users check them first).
+///
+/// ```
+/// use quant::gemm::{bf16::{bf16_gemm_tn, Bf16Workspace}, MatRef};
+/// let a = [1.0f32, 2.0, 3.0, 4.0]; // [2, 2]
+/// let b = [1.0f32, 0.0, 0.0, 1.0, 1.0, 1.0]; // [3, 2]
+/// let mut c = [0.0f32; 6];
+/// bf16_gemm_tn(MatRef::row_major(&a, 2, 2), MatRef::row_major(&b, 3, 2), &mut c, &mut Bf16Workspace::new());
+/// assert_eq!(c, [1.0, 2.0, 3.0, 3.0, 4.0, 7.0]);
+/// ```
+pub fn bf16_gemm_tn(a: MatRef<'_>, b: MatRef<'_>, out: &mut [f32], ws: &mut Bf16Workspace) {
+    gemm(fp_formats::cpu::has_amx_bf16(), a, b, out, ws);
+}
+
+/// [`bf16_gemm_tn`] on the portable code whatever the CPU (for tests and benchmarks that
+/// compare the two; the bits are the same).
+#[doc(hidden)]
+pub fn bf16_gemm_tn_portable(
+    a: MatRef<'_>,
+    b: MatRef<'_>,
+    out: &mut [f32],
+    ws: &mut Bf16Workspace,
+) {
+    gemm(false, a, b, out, ws);
+}
+
+fn gemm(amx: bool, a: MatRef<'_>, b: MatRef<'_>, out: &mut [f32], ws: &mut Bf16Workspace) {
+    let (m, k, n) = (a.rows, a.cols, b.rows);
+    assert_eq!(b.cols, k, "bf16_gemm_tn: K differs ({k} vs {})", b.cols);
+    assert_eq!(out.len(), m * n, "bf16_gemm_tn: output length");
+    assert!(
+        a.fits() && b.fits(),
+        "bf16_gemm_tn: a strided view exceeds its storage"
+    );
+    if m == 0 || n == 0 {
+        return;
+    }
+    if k == 0 {
+        out.fill(0.0);
+        return;
+    }
+    let kc = k.div_ceil(CHUNK);
+    let (mb, nb) = (m.div_ceil(BLOCK), n.div_ceil(BLOCK));
+    pack_a(a, kc, mb * 2, &mut ws.a);
+    pack_b(b, kc, nb * 2, &mut ws.b);
+    let (pa, pb) = (&ws.a[..], &ws.b[..]);
+    // One task per 32-row block of the output: its rows are written by it alone.
+    out.par_chunks_mut(BLOCK * n)
+        .enumerate()
+        .for_each(|(ib, rows)| {
+            let a_blk = &pa[ib * 2 * kc * TILE_ELEMS..][..2 * kc * TILE_ELEMS];
+            let mut c = [0.0f32; 4 * TILE * TILE];
+            let m_here = rows.len() / n;
+            #[cfg(target_arch = "x86_64")]
+            let _cfg = amx.then(super::amx::TileConfig::load);
+            for jb in 0..nb {
+                let b_blk = &pb[jb * 2 * kc * TILE_ELEMS..][..2 * kc * TILE_ELEMS];
+                block(amx, a_blk, b_blk, kc, &mut c);
+                let n_here = (n - jb * BLOCK).min(BLOCK);
+                for r in 0..m_here {
+                    let (ti, tr) = (r / TILE, r % TILE);
+                    let dst = &mut rows[r * n + jb * BLOCK..][..n_here];
+                    for (cj, d) in dst.iter_mut().enumerate() {
+                        let (tj, tc) = (cj / TILE, cj % TILE);
+                        *d = c[(ti * 2 + tj) * TILE * TILE + tr * TILE + tc];
+                    }
+                }
+            }
+        });
+}
+
+/// One 32 x 32 output block over all chunks: `c` holds the four 16 x 16 tiles
+/// (A tile i, B tile j) at `(2i + j) · 256`.
+#[inline]
+fn block(amx: bool, a: &[u16], b: &[u16], kc: usize, c: &mut [f32; 4 * TILE * TILE]) {
+    #[cfg(target_arch = "x86_64")]
+    if amx {
+        // SAFETY: `amx` comes from `has_amx_bf16` (CPU support and OS permission), the
+        // caller loaded the tile configuration on this thread, and `a`, `b` hold two runs of
+        // `kc` packed tiles each (checked by the slicing above), `c` four output tiles.
+        unsafe { super::amx::block_2x2(a.as_ptr(), b.as_ptr(), kc, c.as_mut_ptr()) };
+        return;
+    }
+    let _ = amx;
+    c.fill(0.0);
+    for t in 0..kc {
+        for i in 0..2 {
+            let at = &a[(i * kc + t) * TILE_ELEMS..][..TILE_ELEMS];
+            for j in 0..2 {
+                let bt = &b[(j * kc + t) * TILE_ELEMS..][..TILE_ELEMS];
+                let ct = &mut c[(2 * i + j) * TILE * TILE..][..TILE * TILE];
+                tile_portable(ct, at, bt);
+            }
+        }
+    }
+}
+
+/// The portable model of one `tdpbf16ps` on 16 x 16 tiles: `c[r][n] += Σ a[r][k]·b[k][n]`
+/// over one chunk of 32, in the arithmetic of the module docs.
+fn tile_portable(c: &mut [f32], a: &[u16], b: &[u16]) {
+    for r in 0..TILE {
+        let (mut e, mut o) = ([0.0f32; TILE], [0.0f32; TILE]);
+        let ar = &a[r * CHUNK..][..CHUNK];
+        for p in 0..CHUNK / 2 {
+            let (a0, a1) = (bf16_daz(ar[2 * p]), bf16_daz(ar[2 * p + 1]));
+            let br = &b[p * 2 * TILE..][..2 * TILE];
+            for nn in 0..TILE {
+                e[nn] = add_exact(e[nn], a0 as f64 * bf16_daz(br[2 * nn]) as f64);
+                o[nn] = add_exact(o[nn], a1 as f64 * bf16_daz(br[2 * nn + 1]) as f64);
+            }
+        }
+        let cr = &mut c[r * TILE..][..TILE];
+        for nn in 0..TILE {
+            cr[nn] = ftz(cr[nn] + ftz(e[nn] + o[nn]));
+        }
+    }
+}
+
+/// Packs `A: [M, K]` into `row_tiles · kc` tiles of 16 rows x 32 BF16 (row-major, rows and
+/// K padded with zeros): tile `(i, t)` at `(i · kc + t) · 512`.
+fn pack_a(a: MatRef<'_>, kc: usize, row_tiles: usize, buf: &mut Vec<u16>) {
+    let len = row_tiles * kc * TILE_ELEMS;
+    buf.clear();
+    buf.resize(len, 0);
+    buf.par_chunks_mut(kc * TILE_ELEMS)
+        .enumerate()
+        .for_each(|(i, tiles)| {
+            for r in 0..TILE {
+                let row = i * TILE + r;
+                if row >= a.rows {
+                    break;
+                }
+                for t in 0..kc {
+                    let dst = &mut tiles[t * TILE_ELEMS + r * CHUNK..][..CHUNK];
+                    let k0 = t * CHUNK;
+                    let kn = (a.cols - k0).min(CHUNK);
+                    let base = row * a.row_stride + k0 * a.col_stride;
+                    if a.col_stride == 1 {
+                        let src = &a.data[base..base + kn];
+                        for (d, &x) in dst.iter_mut().zip(src) {
+                            *d = bf16_bits(x);
+                        }
+                    } else {
+                        for (kk, d) in dst[..kn].iter_mut().enumerate() {
+                            *d = bf16_bits(a.data[base + kk * a.col_stride]);
+                        }
+                    }
+                }
+            }
+        });
+}
+
+/// Packs `B: [N, K]` into `col_tiles · kc` tiles of 16 K-pairs x 16 columns x 2 BF16 (the
+/// pair-interleaved layout of the tile unit's second operand, zero-padded): element
+/// `(n, k)` of tile `(j, t)` (`n = 16j + nn`, `k = 32t + 2p + q`) at
+/// `(j · kc + t) · 512 + p · 32 + nn · 2 + q`.
+fn pack_b(b: MatRef<'_>, kc: usize, col_tiles: usize, buf: &mut Vec<u16>) {
+    let len = col_tiles * kc * TILE_ELEMS;
+    buf.clear();
+    buf.resize(len, 0);
+    buf.par_chunks_mut(kc * TILE_ELEMS)
+        .enumerate()
+        .for_each(|(j, tiles)| {
+            for nn in 0..TILE {
+                let col = j * TILE + nn;
+                if col >= b.rows {
+                    break;
+                }
+                for t in 0..kc {
+                    let tile = &mut tiles[t * TILE_ELEMS..][..TILE_ELEMS];
+                    let k0 = t * CHUNK;
+                    let kn = (b.cols - k0).min(CHUNK);
+                    let base = col * b.row_stride + k0 * b.col_stride;
+                    for kk in 0..kn {
+                        let x = b.data[base + kk * b.col_stride];
+                        tile[(kk / 2) * 2 * TILE + nn * 2 + (kk % 2)] = bf16_bits(x);
+                    }
+                }
+            }
+        });
+}
+
+/// The scalar reference of the arithmetic for one output element (rows `a` and `b` of
+/// length K), written independently of the tile layout: used by the tests.
+///
+/// ```
+/// use quant::gemm::bf16::dot_reference;
+/// assert_eq!(dot_reference(&[1.0, 2.0, 3.0], &[4.0, 5.0, 6.0]), 32.0);
+/// ```
+pub fn dot_reference(a: &[f32], b: &[f32]) -> f32 {
+    assert_eq!(a.len(), b.len(), "dot_reference: lengths differ");
+    let mut c = 0.0f32;
+    for (ca, cb) in a.chunks(CHUNK).zip(b.chunks(CHUNK)) {
+        let (mut e, mut o) = (0.0f32, 0.0f32);
+        for k in 0..CHUNK {
+            // the last chunk is padded with zeros (which can turn a -0 sum into +0)
+            let (x, y) = (
+                ca.get(k).copied().unwrap_or(0.0),
+                cb.get(k).copied().unwrap_or(0.0),
+            );
+            let p = bf16_daz(bf16_bits(x)) as f64 * bf16_daz(bf16_bits(y)) as f64;
+            if k % 2 == 0 {
+                e = add_exact(e, p);
+            } else {
+                o = add_exact(o, p);
+            }
+        }
+        c = ftz(c + ftz(e + o));
+    }
+    c
+}

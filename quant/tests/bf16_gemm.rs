@@ -1,0 +1,245 @@
+//! The BF16 GEMM against its scalar model (bit for bit, on the dispatched path and on the
+//! portable one), independence of M and of the split, and an f64 bound.
+
+use quant::gemm::bf16::{bf16_gemm_tn, bf16_gemm_tn_portable, dot_reference, Bf16Workspace};
+use quant::gemm::MatRef;
+
+fn lcg(seed: u64) -> impl FnMut() -> f32 {
+    let mut s = seed;
+    move || {
+        s = s
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        ((s >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+    }
+}
+
+fn bf(x: f32) -> f32 {
+    f32::from_bits((quant::gemm::bf16::bf16_bits(x) as u32) << 16)
+}
+
+/// Both paths, compared with [`dot_reference`] element by element.
+fn check_model(a: &[f32], b: &[f32], m: usize, n: usize, k: usize) {
+    let mut ws = Bf16Workspace::new();
+    let (av, bv) = (MatRef::row_major(a, m, k), MatRef::row_major(b, n, k));
+    let mut c = vec![f32::NAN; m * n];
+    let mut cp = vec![f32::NAN; m * n];
+    bf16_gemm_tn(av, bv, &mut c, &mut ws);
+    bf16_gemm_tn_portable(av, bv, &mut cp, &mut ws);
+    for i in 0..m {
+        for j in 0..n {
+            let r = dot_reference(&a[i * k..][..k], &b[j * k..][..k]);
+            let (x, y) = (c[i * n + j], cp[i * n + j]);
+            assert!(
+                x.to_bits() == r.to_bits() || (x.is_nan() && r.is_nan()),
+                "dispatched ({i},{j}) of [{m},{n},{k}]: {x:e} vs model {r:e}"
+            );
+            assert!(
+                y.to_bits() == r.to_bits() || (y.is_nan() && r.is_nan()),
+                "portable ({i},{j}) of [{m},{n},{k}]: {y:e} vs model {r:e}"
+            );
+        }
+    }
+}
+
+#[test]
+fn matches_the_scalar_model_on_random_shapes() {
+    let mut rnd = lcg(1);
+    for &(m, n, k) in &[
+        (1, 1, 1),
+        (3, 5, 7),
+        (17, 33, 31),
+        (40, 20, 64),
+        (33, 65, 100),
+    ] {
+        let a: Vec<f32> = (0..m * k).map(|_| rnd() * 3.0).collect();
+        let b: Vec<f32> = (0..n * k).map(|_| rnd()).collect();
+        check_model(&a, &b, m, n, k);
+    }
+}
+
+/// Values chosen to separate the candidate arithmetics: cancellation between the even and
+/// odd lanes, sums at the edge of the normal range, subnormal inputs and products, signed
+/// zeros, huge values, infinities.
+#[test]
+fn matches_the_scalar_model_on_edge_data() {
+    let tiny = f32::MIN_POSITIVE; // 2^-126
+    let specials = [
+        0.0,
+        -0.0,
+        1.0,
+        -1.0,
+        1.0e18,
+        -1.0e18,
+        3.0e17,
+        -7.0e16,
+        tiny,
+        -tiny,
+        tiny * 1.5,
+        tiny / 4.0, // subnormal input (DAZ)
+        -tiny / 8.0,
+        2f32.powi(-63),
+        2f32.powi(-64),
+        -2f32.powi(-70), // products with these are subnormal or tiny
+        1.5 * 2f32.powi(-60),
+        2f32.powi(50),
+        2f32.powi(24),
+        -2f32.powi(24),
+        1.0 + 2f32.powi(-7),
+        65504.0,
+    ];
+    let mut rnd = lcg(7);
+    let (m, n, k) = (19, 21, 96);
+    let mut pick =
+        |r: f32| specials[((r + 1.0) * 0.5 * specials.len() as f32) as usize % specials.len()];
+    let mut a: Vec<f32> = (0..m * k).map(|_| 0.0).collect();
+    let mut b: Vec<f32> = (0..n * k).map(|_| 0.0).collect();
+    for v in a.iter_mut().chain(b.iter_mut()) {
+        let r = rnd();
+        *v = pick(r);
+    }
+    // no infinities in B, so most rows stay finite (inf · 0 = NaN is checked on some)
+    for v in b.iter_mut().skip(n * k / 2) {
+        if v.is_infinite() {
+            *v = 1.0;
+        }
+    }
+    check_model(&a, &b, m, n, k);
+    // rows built to cancel: large terms in even lanes cancel, small ones in odd lanes survive
+    let mut a2 = vec![0.0f32; 4 * 64];
+    let mut b2 = vec![0.0f32; 3 * 64];
+    for kk in 0..64 {
+        a2[kk] = if kk % 2 == 0 {
+            [1.0e8, -1.0e8][kk / 2 % 2]
+        } else {
+            1.0
+        };
+        a2[64 + kk] = if kk % 4 == 0 { tiny } else { -tiny * 0.5 };
+        a2[128 + kk] = if kk < 32 {
+            2f32.powi(-63)
+        } else {
+            -2f32.powi(-63)
+        };
+        a2[192 + kk] = [1.0, 2f32.powi(-9), -1.0, 2f32.powi(-9)][kk % 4];
+        b2[kk] = 1.0;
+        b2[64 + kk] = 2f32.powi(-63) * (1.0 + (kk % 3) as f32);
+        b2[128 + kk] = -0.0;
+    }
+    check_model(&a2, &b2, 4, 3, 64);
+    // subnormal products (2^-127, 2^-128) next to normal ones, and sums of them that would
+    // reach the normal range if they were kept
+    let mut a3 = vec![0.0f32; 3 * 32];
+    let mut b3 = vec![0.0f32; 2 * 32];
+    for kk in 0..32 {
+        a3[kk] = 2f32.powi(-64);
+        a3[32 + kk] = if kk < 2 {
+            2f32.powi(-60)
+        } else {
+            2f32.powi(-64)
+        };
+        a3[64 + kk] = if kk % 2 == 0 {
+            2f32.powi(-64)
+        } else {
+            -2f32.powi(-64)
+        };
+        b3[kk] = 2f32.powi(-63);
+        b3[32 + kk] = 2f32.powi(-63) * [1.0, 1.5, 1.75, 1.25][kk % 4];
+    }
+    check_model(&a3, &b3, 3, 2, 32);
+}
+
+/// A row's result does not depend on the other rows, on M, or on the number of threads.
+#[test]
+fn rows_do_not_depend_on_m_or_threads() {
+    let mut rnd = lcg(3);
+    let (m, n, k) = (70, 48, 160);
+    let a: Vec<f32> = (0..m * k).map(|_| rnd()).collect();
+    let b: Vec<f32> = (0..n * k).map(|_| rnd()).collect();
+    let mut ws = Bf16Workspace::new();
+    let mut full = vec![0.0f32; m * n];
+    bf16_gemm_tn(
+        MatRef::row_major(&a, m, k),
+        MatRef::row_major(&b, n, k),
+        &mut full,
+        &mut ws,
+    );
+    for i in [0, 1, 31, 32, 69] {
+        let mut one = vec![0.0f32; n];
+        bf16_gemm_tn(
+            MatRef::row_major(&a[i * k..][..k], 1, k),
+            MatRef::row_major(&b, n, k),
+            &mut one,
+            &mut ws,
+        );
+        assert_eq!(one, full[i * n..][..n], "row {i}");
+    }
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(1)
+        .build()
+        .unwrap();
+    let mut single = vec![0.0f32; m * n];
+    pool.install(|| {
+        bf16_gemm_tn(
+            MatRef::row_major(&a, m, k),
+            MatRef::row_major(&b, n, k),
+            &mut single,
+            &mut ws,
+        )
+    });
+    assert_eq!(single, full);
+    // strided (transposed) views give the same bits as the contiguous copies
+    let at: Vec<f32> = (0..k * m).map(|i| a[(i % m) * k + i / m]).collect();
+    let mut tr = vec![0.0f32; m * n];
+    bf16_gemm_tn(
+        MatRef::row_major(&at, k, m).t(),
+        MatRef::row_major(&b, n, k),
+        &mut tr,
+        &mut ws,
+    );
+    assert_eq!(tr, full);
+}
+
+/// Worst-case bound of the arithmetic against the exact product of the BF16-rounded inputs
+/// (normal range): each output is a sum of K exact products through at most
+/// `16 + 1 + ceil(K/32)` roundings of relative size `u = 2^-24`, so
+/// `|ĉ − c| ≤ γ_n Σ|a_k b_k|` with `n = 17 + ceil(K/32)` and `γ_n = n·u / (1 − n·u)`.
+#[test]
+fn within_the_derived_bound_of_the_f64_product_on_training_shapes() {
+    let mut rnd = lcg(11);
+    for &(m, n, k) in &[(64, 384, 128), (128, 128, 512), (32, 256, 2048)] {
+        let a: Vec<f32> = (0..m * k).map(|_| rnd()).collect();
+        let b: Vec<f32> = (0..n * k).map(|_| rnd() * 0.05).collect();
+        let mut c = vec![0.0f32; m * n];
+        bf16_gemm_tn(
+            MatRef::row_major(&a, m, k),
+            MatRef::row_major(&b, n, k),
+            &mut c,
+            &mut Bf16Workspace::new(),
+        );
+        let nr = (17 + k.div_ceil(32)) as f64;
+        let u = 2f64.powi(-24);
+        let gamma = nr * u / (1.0 - nr * u);
+        let mut worst = 0.0f64;
+        for i in 0..m {
+            for j in 0..n {
+                let (mut exact, mut abs) = (0.0f64, 0.0f64);
+                for kk in 0..k {
+                    let p = bf(a[i * k + kk]) as f64 * bf(b[j * k + kk]) as f64;
+                    exact += p;
+                    abs += p.abs();
+                }
+                let err = (c[i * n + j] as f64 - exact).abs();
+                assert!(
+                    err <= gamma * abs,
+                    "[{m},{n},{k}] ({i},{j}): error {err:e} > bound {:e}",
+                    gamma * abs
+                );
+                worst = worst.max(err / (gamma * abs).max(f64::MIN_POSITIVE));
+            }
+        }
+        assert!(
+            worst > 0.0,
+            "the bound is not vacuous: some rounding happened"
+        );
+    }
+}
