@@ -14,6 +14,7 @@
 //! * [`checkpoint`]: safetensors + JSON state, atomic writes, exact resume;
 //! * [`report`]: multi-recipe comparison (markdown table, SVG loss curves);
 //! * [`sample`]: text generation from a checkpoint at a chosen precision;
+//! * [`rl`]: the RL sampler and RL trainer stages (stage plans, KV-cache sampling, tasks, GRPO);
 //! * [`rundir`]: run-directory lock, refusal of existing runs, leftovers, atomic writes;
 //! * [`interrupt`]: graceful stops on SIGINT/SIGTERM and the crash-test hooks;
 //! * [`memory`]: memory estimates checked before allocating;
@@ -28,6 +29,7 @@ pub mod memory;
 pub mod model;
 pub mod recipe;
 pub mod report;
+pub mod rl;
 pub mod rng;
 pub mod rundir;
 pub mod sample;

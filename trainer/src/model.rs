@@ -520,3 +520,94 @@ impl Gpt {
         Ok(g.cross_entropy(logits, targets, None)?)
     }
 }
+
+/// Computes one linear layer of [`Gpt::forward_cached`]: given the graph, the layer's input
+/// and the layer's index in [`Gpt::linears`] order, returns its output.
+pub type LinearFn<'f> =
+    dyn for<'g> FnMut(&mut Graph<'g>, Tensor, usize) -> Result<Tensor, ModelError> + 'f;
+
+impl Gpt {
+    /// Logits `[batch, Tn, vocab]` of `tokens: [batch, Tn]`, the tokens at positions
+    /// `cache.len()..cache.len() + Tn` of `batch` sequences whose earlier keys and values are
+    /// in `cache`; appends the new keys and values to it (inference: no gradient).
+    ///
+    /// The same ops as [`Gpt::forward_logits`] in the same order, except that attention over
+    /// an earlier prefix runs as [`Graph::cached_attention`] (the first call, on an empty
+    /// cache, uses [`Graph::causal_attention`] like training) and every linear layer is
+    /// computed by `linear` (index in [`Gpt::linears`] order: `4·block + {0 qkv, 1 out, 2 up,
+    /// 3 down}`, the LM head `4·n_layers`), so a sampler can use weights quantized once.
+    pub fn forward_cached(
+        &self,
+        g: &mut Graph<'_>,
+        tokens: &[u32],
+        batch: usize,
+        attention: AttentionPrecision,
+        cache: &mut crate::rl::kv_cache::KvCache,
+        linear: &mut LinearFn<'_>,
+    ) -> Result<Tensor, ModelError> {
+        let cfg = &self.cfg;
+        if batch == 0 || tokens.is_empty() || tokens.len() % batch != 0 || batch != cache.batch()
+        {
+            return Err(ModelError::Invalid(format!(
+                "{} tokens do not form {batch} rows of a cache of {} rows",
+                tokens.len(),
+                cache.batch()
+            )));
+        }
+        let t = tokens.len() / batch;
+        let past = cache.len();
+        if past + t > cache.capacity() {
+            return Err(ModelError::Invalid(format!(
+                "{} cached + {t} new positions exceed the cache's {}",
+                past,
+                cache.capacity()
+            )));
+        }
+        let e = g.param(self.embed)?;
+        let mut x = g.embedding(tokens, &[batch, t], e)?;
+        let d = cfg.d_model;
+        let bf16_attn = attention == AttentionPrecision::Bf16;
+        for (i, b) in self.blocks.iter().enumerate() {
+            let w = g.param(b.attn_norm)?;
+            let h = g.rmsnorm(x, w, cfg.norm_eps)?;
+            let qkv = linear(g, h, 4 * i)?;
+            let parts = g.split(qkv, &[d, d, d])?;
+            let mut q = g.split_heads(parts[0], cfg.n_heads)?;
+            let mut k = g.split_heads(parts[1], cfg.n_heads)?;
+            let mut v = g.split_heads(parts[2], cfg.n_heads)?;
+            q = g.rope(q, cfg.rope_base, past)?;
+            k = g.rope(k, cfg.rope_base, past)?;
+            if bf16_attn {
+                q = g.round_bf16(q)?;
+                k = g.round_bf16(k)?;
+                v = g.round_bf16(v)?;
+            }
+            cache.write(i, g.value(k)?, g.value(v)?, t);
+            let a = if past == 0 {
+                g.causal_attention(q, k, v)?
+            } else {
+                let (kc, vc) = cache.layer(i);
+                g.cached_attention(q, kc, vc, cache.capacity(), past)?
+            };
+            let a = g.merge_heads(a)?;
+            let a = linear(g, a, 4 * i + 1)?;
+            x = g.add(x, a)?;
+            let w = g.param(b.mlp_norm)?;
+            let h = g.rmsnorm(x, w, cfg.norm_eps)?;
+            let u = linear(g, h, 4 * i + 2)?;
+            let m = match cfg.mlp {
+                MlpKind::Swiglu => {
+                    let gu = g.split(u, &[cfg.hidden, cfg.hidden])?;
+                    g.swiglu(gu[0], gu[1])?
+                }
+                MlpKind::Gelu => g.gelu(u)?,
+            };
+            let m = linear(g, m, 4 * i + 3)?;
+            x = g.add(x, m)?;
+        }
+        cache.advance(t);
+        let w = g.param(self.final_norm)?;
+        let x = g.rmsnorm(x, w, cfg.norm_eps)?;
+        linear(g, x, 4 * cfg.n_layers)
+    }
+}

@@ -1,0 +1,186 @@
+//! The sampler's linear layers between two weight syncs: every weight fake-quantized once
+//! (`quant::qgemm::fake_operand`, the function the training forward itself uses to quantize a
+//! weight once for Fprop and Dgrad), every activation quantized per call and multiplied
+//! through `quant::qgemm::quantized_matmul_tn_prequantized`, which is bit for bit the
+//! training forward's `quantized_matmul_tn` with the same settings. Random keys are those of a
+//! graph with seed 0 at step 0 (`autograd::gemm_stream`), as the RL trainer's recomputation
+//! uses; Fprop rounds to nearest in every built-in recipe, so they draw nothing.
+//!
+//! Static activation scales: for an input format with a per-tensor scale (NVFP4's global
+//! scale, FP8 current scaling), the input is clipped to `±amax` (the calibrated amax of that
+//! layer's input) and quantized together with one extra row holding `amax` (its output is
+//! dropped): the tensor's amax is then exactly the calibrated one whatever the batch holds, so
+//! each row's quantization no longer depends on the other rows. This is how a static-scale
+//! engine behaves (values beyond the calibrated range saturate), through `quant`'s own
+//! quantizers only.
+
+use autograd::{gemm_stream, Graph, OperandRole, ParamStore, Tensor};
+use quant::gemm::MatRef;
+use quant::qgemm::{fake_operand, quantized_matmul_tn_prequantized, FakeOperand, Operand};
+use quant::{Fp8Scaling, GemmPolicy, QuantFormat, QuantState, RngKey, Usage};
+
+use crate::model::{layer_stream, Gpt, ModelError};
+use crate::recipe::Recipe;
+
+/// One linear layer's frozen weight.
+#[derive(Clone, Debug)]
+struct FrozenLinear {
+    values: Vec<f32>,
+    rows: usize,
+    cols: usize,
+    factor: f32,
+    policy: GemmPolicy,
+    stream: u64,
+    x_state: QuantState,
+}
+
+/// Whether an input quantizer has a per-tensor scale computed from the tensor's amax.
+pub fn has_tensor_scale(policy: &GemmPolicy) -> bool {
+    matches!(
+        policy.fprop.a.format,
+        QuantFormat::Nvfp4 { .. }
+            | QuantFormat::Fp8 {
+                scaling: Fp8Scaling::Current { .. },
+                ..
+            }
+    )
+}
+
+fn key(stream: u64, role: OperandRole) -> Result<RngKey, ModelError> {
+    Ok(RngKey {
+        seed: 0,
+        stream: gemm_stream(stream, role, 0)?,
+    })
+}
+
+/// Every linear layer of a model, frozen at one weight sync.
+#[derive(Clone, Debug)]
+pub struct FrozenLinears {
+    layers: Vec<FrozenLinear>,
+    /// Calibrated input amax per layer (static scales), in [`Gpt::linears`] order.
+    static_amax: Option<Vec<f32>>,
+}
+
+impl FrozenLinears {
+    /// Quantizes every weight of `model` in `ps` once under `recipe`'s Fprop policies at
+    /// progress 0 (dynamic activation scales until [`FrozenLinears::set_static_amax`]).
+    pub fn new(model: &Gpt, ps: &ParamStore, recipe: &Recipe) -> Result<FrozenLinears, ModelError> {
+        let n = model.cfg.n_layers;
+        let mut layers = Vec::new();
+        for (_, block, kind, w) in model.linears() {
+            let bi = block.unwrap_or(0);
+            let policy = recipe.policy_for(bi, n, kind, 0.0);
+            let stream = layer_stream(bi, kind, n);
+            let shape = ps.shape(w)?;
+            let (rows, cols) = (shape.dims()[0], shape.dims()[1]);
+            let mut state = ps.linear_state(w)?.cloned().unwrap_or_default();
+            let mut values = vec![0.0f32; rows * cols];
+            let [x_state, w_state, ..] = &mut state.operands;
+            let op = Operand {
+                data: ps.value(w)?,
+                rows,
+                cols,
+                usage: Usage::Rowwise,
+                quant: &policy.fprop.b,
+                key: key(stream, OperandRole::FpropW)?,
+                state: Some(w_state),
+            };
+            let factor = fake_operand(op, &mut values)
+                .map_err(|e| ModelError::Autograd(e.into()))?
+                .factor;
+            layers.push(FrozenLinear {
+                values,
+                rows,
+                cols,
+                factor,
+                policy,
+                stream,
+                x_state: x_state.clone(),
+            });
+        }
+        Ok(FrozenLinears {
+            layers,
+            static_amax: None,
+        })
+    }
+
+    /// Uses static activation scales from these per-layer input amaxes (each > 0 and finite;
+    /// [`Gpt::linears`] order).
+    pub fn set_static_amax(&mut self, amax: Vec<f32>) -> Result<(), ModelError> {
+        if amax.len() != self.layers.len() || amax.iter().any(|a| !(a.is_finite() && *a > 0.0)) {
+            return Err(ModelError::Invalid(format!(
+                "static activation amax needs {} finite positive values, got {amax:?}",
+                self.layers.len()
+            )));
+        }
+        self.static_amax = Some(amax);
+        Ok(())
+    }
+
+    /// The static amaxes in use, if any.
+    pub fn static_amax(&self) -> Option<&[f32]> {
+        self.static_amax.as_deref()
+    }
+
+    /// Layer `index` on input `x: [..., in]`; also returns the input's amax (for
+    /// calibration).
+    pub fn apply(
+        &self,
+        g: &mut Graph<'_>,
+        x: Tensor,
+        index: usize,
+    ) -> Result<(Tensor, f32), ModelError> {
+        let l = self.layers.get(index).ok_or_else(|| {
+            ModelError::Invalid(format!("no linear layer {index} of {}", self.layers.len()))
+        })?;
+        let shape = g.shape(x)?;
+        if shape.last() != l.cols {
+            return Err(ModelError::Invalid(format!(
+                "linear layer {index} takes {} inputs, got {shape}",
+                l.cols
+            )));
+        }
+        let m = shape.rows();
+        let xv = g.value(x)?;
+        let amax = xv.iter().fold(0.0f32, |a, v| a.max(v.abs()));
+        let clip = self
+            .static_amax
+            .as_ref()
+            .filter(|_| has_tensor_scale(&l.policy))
+            .map(|s| s[index]);
+        let clipped: Vec<f32>;
+        let (data, rows) = match clip {
+            Some(a) => {
+                let mut buf = Vec::with_capacity((m + 1) * l.cols);
+                buf.extend(xv.iter().map(|v| v.clamp(-a, a)));
+                buf.push(a);
+                buf.resize((m + 1) * l.cols, 0.0);
+                clipped = buf;
+                (&clipped[..], m + 1)
+            }
+            None => (xv, m),
+        };
+        let mut state = l.x_state.clone();
+        let xa = Operand {
+            data,
+            rows,
+            cols: l.cols,
+            usage: Usage::Rowwise,
+            quant: &l.policy.fprop.a,
+            key: key(l.stream, OperandRole::FpropX)?,
+            state: Some(&mut state),
+        };
+        let wf = FakeOperand {
+            values: MatRef::row_major(&l.values, l.rows, l.cols),
+            factor: l.factor,
+        };
+        let mut y = vec![0.0f32; rows * l.rows];
+        quantized_matmul_tn_prequantized(xa, wf, &mut y)
+            .map_err(|e| ModelError::Autograd(e.into()))?;
+        y.truncate(m * l.rows);
+        let mut dims = shape.dims().to_vec();
+        *dims.last_mut().expect("rank >= 1") = l.rows;
+        let out = g.input(&y, &dims)?;
+        Ok((out, amax))
+    }
+}

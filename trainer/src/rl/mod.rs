@@ -1,0 +1,20 @@
+//! Reinforcement learning after pretraining: the RL sampler and RL trainer stages, each at
+//! its own precision ([`plan`]), on tasks with verifiable rewards ([`tasks`]), with the
+//! sampler/trainer mismatch measured and optionally corrected ([`correction`]).
+//!
+//! * [`plan`]: the stage plan as data (built-ins, TOML with `base =`);
+//! * [`kv_cache`], [`frozen`], [`sampler`]: batched generation with a KV cache, weights
+//!   quantized once per weight sync, static or dynamic activation scales;
+//! * [`tasks`]: seeded tasks, rewards, held-out sets, pretraining mixes;
+//! * [`correction`]: importance-sampling corrections and mismatch metrics;
+//! * [`grpo`]: advantages and the clipped policy-gradient loss;
+//! * [`run`]: the RL loop, checkpoints with bitwise resume, metrics;
+//! * [`compare`]: a grid of plans x corrections x seeds and its report.
+
+pub mod correction;
+pub mod frozen;
+pub mod grpo;
+pub mod kv_cache;
+pub mod plan;
+pub mod sampler;
+pub mod tasks;
