@@ -46,6 +46,7 @@
 //! ```
 #![warn(missing_docs)]
 
+pub mod backend;
 mod cpu;
 mod error;
 pub mod gradcheck;

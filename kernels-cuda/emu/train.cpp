@@ -1,9 +1,15 @@
-// The training-step kernels of ../cuda compiled for the CPU through cuda_emu.h, behind a C ABI
-// that `kernels_cuda::emu` (feature `emu`) loads. Each `emu_<kernel>(gx, gy, args...)` runs
-// the kernel on a gx x gy grid of 256-thread blocks. Build (the loader does this itself):
+// The training-step kernels of ../cuda compiled for the CPU through cuda_emu.h, behind one
+// uniform C ABI that `kernels_cuda::emu` (feature `emu`) loads: `emu_<kernel>(gx, gy, args)`
+// runs the kernel on a gx x gy grid of 256-thread blocks, its parameters read from `args`, one
+// 64-bit slot each in declaration order (pointers and integers as values, f32 in the low 32
+// bits, f64 as its bits, a struct by pointer) - the same list `kernels_cuda::train` passes to
+// cuLaunchKernel on a GPU. Build (the loader does this itself):
 //   g++ -std=c++20 -O2 -ffp-contract=off -fno-fast-math -fPIC -shared -pthread \
 //       -I../cuda -include cuda_emu.h train.cpp -o libnbemu_train.so
 #include "cuda_emu.h"
+
+#include <type_traits>
+#include <utility>
 
 #include "../cuda/activation.cu"
 #include "../cuda/attention.cu"
@@ -15,69 +21,71 @@
 #include "../cuda/optim.cu"
 #include "../cuda/rope.cu"
 
-#define EMU(name, params, args)                                 \
-  extern "C" void emu_##name(unsigned gx, unsigned gy, params) { \
-    emu::launch(dim3{gx, gy, 1}, [&] { name args; });            \
-  }
-#define P(...) __VA_ARGS__
+typedef unsigned long long slot;
 
-EMU(nb_add, P(const float* a, const float* b, u64 nb, u64 n, float* out), (a, b, nb, n, out))
-EMU(nb_mul, P(const float* a, const float* b, u64 nb, u64 n, int acc, float* out), (a, b, nb, n, acc, out))
-EMU(nb_scale, P(const float* x, float s, u64 n, int acc, float* out), (x, s, n, acc, out))
-EMU(nb_copy_or_add, P(const float* src, u64 n, int acc, float* out), (src, n, acc, out))
-EMU(nb_fill_scaled, P(const float* dy, double f, u64 n, int acc, float* out), (dy, f, n, acc, out))
-EMU(nb_round_bf16, P(const float* x, u64 n, float* out), (x, n, out))
-EMU(nb_sum_rows_part, P(const float* src, u64 rows, u64 n, u64 per, u64 nchunks, float* part),
-    (src, rows, n, per, nchunks, part))
-EMU(nb_sum_rows_finish, P(const float* part, u64 nparts, u64 n, int acc, float* dst), (part, nparts, n, acc, dst))
-EMU(nb_sum_f64_part, P(const float* x, u64 n, u64 chunk, u64 nchunks, double* part), (x, n, chunk, nchunks, part))
-EMU(nb_sum_f64_finish, P(const double* part, u64 nparts, double f, float* out), (part, nparts, f, out))
-EMU(nb_act_fwd, P(const float* x, u64 n, int kind, float* y), (x, n, kind, y))
-EMU(nb_act_bwd, P(const float* x, const float* dy, u64 n, int kind, int acc, float* dx), (x, dy, n, kind, acc, dx))
-EMU(nb_swiglu_fwd, P(const float* g, const float* u, u64 n, float* y), (g, u, n, y))
-EMU(nb_swiglu_bwd,
-    P(const float* g, const float* u, const float* dy, u64 n, int ag, float* dg, int au, float* du),
-    (g, u, dy, n, ag, dg, au, du))
-EMU(nb_rms_fwd, P(const float* x, const float* w, float eps, int rows, int d, float* y, float* rstd),
-    (x, w, eps, rows, d, y, rstd))
-EMU(nb_ln_fwd, P(const float* x, const float* w, const float* b, float eps, int rows, int d, float* y, float* st),
-    (x, w, b, eps, rows, d, y, st))
-EMU(nb_norm_bwd_dx,
-    P(int layer, const float* x, const float* w, const float* st, const float* dy, int rows, int d, int acc,
-      float* dx),
-    (layer, x, w, st, dy, rows, d, acc, dx))
-EMU(nb_norm_bwd_params,
-    P(int layer, const float* x, const float* st, const float* dy, int rows, int d, int per, int nchunks, float* pw,
-      float* pb),
-    (layer, x, st, dy, rows, d, per, nchunks, pw, pb))
-EMU(nb_rope, P(const float* x, const float* tab, u64 rows, int t, int d, int inv, int acc, float* out),
-    (x, tab, rows, t, d, inv, acc, out))
-EMU(nb_embedding_fwd, P(const float* table, const unsigned* ids, u64 rows, int d, float* out),
-    (table, ids, rows, d, out))
-EMU(nb_embedding_bwd,
-    P(const float* dy, const unsigned* off, const unsigned* order, u64 vocab, int d, int acc, float* gt),
-    (dy, off, order, vocab, d, acc, gt))
-EMU(nb_ce_fwd, P(const float* x, const unsigned* t, int rows, int v, long long ig, float* st), (x, t, rows, v, ig, st))
-EMU(nb_ce_loss, P(const float* st, int rows, int count, float* out), (st, rows, count, out))
-EMU(nb_ce_bwd,
-    P(const float* x, const unsigned* t, const float* st, const float* dy, u64 rows, int v, long long ig, int count,
-      int acc, float* dx),
-    (x, t, st, dy, rows, v, ig, count, acc, dx))
-EMU(nb_attn_fwd, P(const float* q, const float* k, const float* v, int t, int d, float sc, float* o, float* lse),
-    (q, k, v, t, d, sc, o, lse))
-EMU(nb_attn_delta, P(const float* dout, const float* out, u64 rows, int d, float* delta), (dout, out, rows, d, delta))
-EMU(nb_attn_bwd_dq,
-    P(const float* q, const float* k, const float* v, const float* dout, const float* lse, const float* delta, int t,
-      int d, float sc, int acc, float* dq),
-    (q, k, v, dout, lse, delta, t, d, sc, acc, dq))
-EMU(nb_attn_bwd_dkdv,
-    P(const float* q, const float* k, const float* v, const float* dout, const float* lse, const float* delta, int t,
-      int d, float sc, int ak, float* dk, int av, float* dv),
-    (q, k, v, dout, lse, delta, t, d, sc, ak, dk, av, dv))
-EMU(nb_sumsq_chunks, P(const NormChunk* chunks, u64 n, double* part), (chunks, n, part))
-EMU(nb_norm_finish, P(const double* part, u64 n, float* out), (part, n, out))
-EMU(nb_adamw, P(float* p, const float* g, float* m, float* v, u64 n, const AdamWCoeffs* c), (p, g, m, v, n, *c))
-EMU(nb_sgemm,
-    P(int m, int n, int k, float alpha, const float* a, long long sai, long long sak, const float* b, long long sbk,
-      long long sbj, float beta, float* c),
-    (m, n, k, alpha, a, sai, sak, b, sbk, sbj, beta, c))
+template <class T>
+static T arg(const slot* a, int i) {
+  if constexpr (std::is_pointer_v<T>) {
+    return reinterpret_cast<T>(static_cast<std::uintptr_t>(a[i]));
+  } else if constexpr (std::is_same_v<T, float>) {
+    return __uint_as_float((unsigned)a[i]);
+  } else if constexpr (std::is_same_v<T, double>) {
+    double d;
+    std::memcpy(&d, &a[i], 8);
+    return d;
+  } else {
+    return static_cast<T>(a[i]);
+  }
+}
+
+// EMU(kernel, T0, T1, ...): emu_<kernel>(gx, gy, slots) calls kernel(arg<T0>(slots, 0), ...).
+template <class... T, std::size_t... I>
+static void call(void (*k)(T...), const slot* a, std::index_sequence<I...>) {
+  k(arg<T>(a, (int)I)...);
+}
+template <class... T>
+static void run(void (*k)(T...), unsigned gx, unsigned gy, const slot* a) {
+  emu::launch(dim3{gx, gy, 1}, [&] { call(k, a, std::index_sequence_for<T...>{}); });
+}
+#define EMU(name) \
+  extern "C" void emu_##name(unsigned gx, unsigned gy, const slot* a) { run(name, gx, gy, a); }
+
+EMU(nb_add)
+EMU(nb_mul)
+EMU(nb_scale)
+EMU(nb_copy_or_add)
+EMU(nb_fill_scaled)
+EMU(nb_round_bf16)
+EMU(nb_sum_rows_part)
+EMU(nb_sum_rows_finish)
+EMU(nb_sum_f64_part)
+EMU(nb_sum_f64_finish)
+EMU(nb_act_fwd)
+EMU(nb_act_bwd)
+EMU(nb_swiglu_fwd)
+EMU(nb_swiglu_bwd)
+EMU(nb_rms_fwd)
+EMU(nb_ln_fwd)
+EMU(nb_norm_bwd_dx)
+EMU(nb_norm_bwd_params)
+EMU(nb_rope)
+EMU(nb_embedding_fwd)
+EMU(nb_embedding_bwd)
+EMU(nb_ce_fwd)
+EMU(nb_ce_loss)
+EMU(nb_ce_bwd)
+EMU(nb_attn_fwd)
+EMU(nb_attn_delta)
+EMU(nb_attn_bwd_dq)
+EMU(nb_attn_bwd_dkdv)
+EMU(nb_sumsq_chunks)
+EMU(nb_norm_finish)
+EMU(nb_sgemm)
+
+// nb_adamw takes its coefficients by value: slot 5 points at them.
+extern "C" void emu_nb_adamw(unsigned gx, unsigned gy, const slot* a) {
+  const AdamWCoeffs c = *arg<const AdamWCoeffs*>(a, 5);
+  emu::launch(dim3{gx, gy, 1}, [&] {
+    nb_adamw(arg<float*>(a, 0), arg<const float*>(a, 1), arg<float*>(a, 2), arg<float*>(a, 3), arg<u64>(a, 4), c);
+  });
+}

@@ -60,6 +60,8 @@ pub struct GpuContext {
     pub(crate) cc: (i32, i32),
     pub(crate) k: Kernels,
     pub(crate) blas: Mutex<Option<Blas>>,
+    /// The training-step kernels, loaded on first use (`gpu_train.rs`).
+    pub(crate) train: Mutex<Option<Arc<crate::gpu_train::TrainKernels>>>,
     name: String,
 }
 
@@ -122,6 +124,7 @@ impl GpuContext {
             cc,
             k,
             blas: Mutex::new(None),
+            train: Mutex::new(None),
             name,
         })
     }
@@ -270,7 +273,7 @@ impl GpuContext {
 /// The driver's JIT logs for a PTX module that failed to load: loads it once more through
 /// `cuModuleLoadDataEx` with log buffers (cudarc's `load_module` passes none), so that a
 /// rejected PTX says why. Never fails; returns what the driver wrote.
-fn jit_log(ctx: &CudaContext, ptx: &str) -> String {
+pub(crate) fn jit_log(ctx: &CudaContext, ptx: &str) -> String {
     use cudarc::driver::sys;
     use std::ffi::c_void;
     let Ok(src) = std::ffi::CString::new(ptx) else {

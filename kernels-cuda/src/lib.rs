@@ -42,14 +42,19 @@
 
 #[doc(hidden)]
 pub mod abi;
+#[cfg(feature = "emu")]
+pub mod emu;
 mod gemm;
 mod gpu;
+mod gpu_train;
 pub mod probe;
 pub mod ptx;
 mod quantize;
 pub mod swizzle;
+pub mod train;
 
 pub use gpu::{DeviceMatrix, GpuContext};
+pub use gpu_train::{train_kernel_names, GpuBuf};
 pub use probe::{probe, Gpu};
 pub use quantize::{DeviceQuantized, QuantJob};
 
@@ -81,6 +86,16 @@ pub enum KernelError {
     /// The input holds NaN or ±Inf (`quant` rejects it as well, with the element's index).
     #[error("non-finite input (amax bits {0:#010x})")]
     NonFinite(u32),
+    /// A size, length or index that does not fit the op (named in the message).
+    #[error("invalid argument: {0}")]
+    InvalidArgument(String),
+    /// The device ran out of memory allocating `bytes`: use a smaller batch or model, or free
+    /// device memory held by other processes.
+    #[error("out of GPU memory allocating {bytes} bytes: reduce the batch size or model, or free device memory")]
+    OutOfMemory {
+        /// The failed request.
+        bytes: usize,
+    },
     /// A configuration the GPU path does not implement (named in the message).
     #[error("not supported on the GPU path: {0}")]
     Unsupported(String),

@@ -85,7 +85,7 @@ fn every_kernel_the_crate_loads_is_in_the_ptx() {
         ("fp8", "nb_fp8_quantize"),
         ("fp8", "nb_fp8_dequantize"),
     ];
-    for (module, kernel) in wanted {
+    for (module, kernel) in wanted.into_iter().chain(kernels_cuda::train_kernel_names()) {
         let m = MODULES.iter().find(|m| m.name == module).expect("module");
         for arch in Arch::ALL {
             assert!(

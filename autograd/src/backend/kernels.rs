@@ -1,0 +1,331 @@
+//! [`KernelBackend`]: the CUDA kernels of `kernels-cuda` behind the [`Backend`] trait, on any
+//! `kernels_cuda::train::Launcher`: the GPU ([`CudaBackend`]) or the CPU emulator (feature
+//! `cuda-emu`). The reduction chunking that autograd's CPU kernels use (which depends only on
+//! sizes, never on the thread count) is applied here, so the kernels reproduce its sums.
+
+use kernels_cuda::train::{Activation, Launcher, TrainOps};
+use kernels_cuda::{probe, Gpu, GpuContext};
+
+use super::{Act, AdamWCoeffs, Backend, BackendError, NormKind, Out, Result};
+use crate::cpu::{rows_per_task, PAR_MIN};
+
+/// The training kernels on a device `L` (a `GpuContext`, or `&Emu`).
+#[derive(Debug)]
+pub struct KernelBackend<L> {
+    dev: L,
+    name: &'static str,
+}
+
+/// The CUDA backend: every op on the GPU.
+pub type CudaBackend = KernelBackend<GpuContext>;
+
+impl CudaBackend {
+    /// Opens the first CUDA device and loads the kernels.
+    ///
+    /// # Errors
+    /// [`BackendError::NoDevice`] without a driver or a compute capability 9.0+ GPU (the
+    /// message says what to do); [`BackendError::PtxLoad`] if the driver cannot JIT the PTX.
+    pub fn new() -> Result<CudaBackend> {
+        match probe() {
+            Gpu::Unavailable(reason) => Err(BackendError::NoDevice { reason }),
+            Gpu::Ready(ctx) => {
+                let gpu = GpuContext::new(ctx).map_err(|e| match e {
+                    kernels_cuda::KernelError::Unsupported(reason) => {
+                        BackendError::NoDevice { reason }
+                    }
+                    e => e.into(),
+                })?;
+                Ok(KernelBackend {
+                    dev: gpu,
+                    name: "cuda",
+                })
+            }
+        }
+    }
+
+    /// The GPU context (for `kernels-cuda`'s quantizers and cuBLASLt GEMMs).
+    pub fn gpu(&self) -> &GpuContext {
+        &self.dev
+    }
+}
+
+impl<L: Launcher> KernelBackend<L> {
+    /// The kernels on `dev`, reported as `name`.
+    pub fn with_launcher(dev: L, name: &'static str) -> Self {
+        KernelBackend { dev, name }
+    }
+}
+
+fn act(k: Act) -> Activation {
+    match k {
+        Act::Gelu => Activation::Gelu,
+        Act::Silu => Activation::Silu,
+    }
+}
+
+impl<L: Launcher> Backend for KernelBackend<L> {
+    type Buf = L::Buf<f32>;
+
+    fn name(&self) -> &'static str {
+        self.name
+    }
+
+    fn zeros(&self, n: usize) -> Result<Self::Buf> {
+        Ok(self.dev.zeros(n)?)
+    }
+
+    fn upload(&self, data: &[f32]) -> Result<Self::Buf> {
+        Ok(self.dev.upload(data)?)
+    }
+
+    fn download(&self, b: &Self::Buf) -> Result<Vec<f32>> {
+        Ok(self.dev.download(b)?)
+    }
+
+    fn len(&self, b: &Self::Buf) -> usize {
+        self.dev.len(b)
+    }
+
+    fn add(&self, a: &Self::Buf, b: &Self::Buf, out: &mut Self::Buf) -> Result<()> {
+        Ok(self.dev.add(a, b, out)?)
+    }
+
+    fn mul(&self, a: &Self::Buf, b: &Self::Buf, out: Out<'_, Self::Buf>) -> Result<()> {
+        Ok(self.dev.mul(a, b, out)?)
+    }
+
+    fn scale(&self, x: &Self::Buf, s: f32, out: Out<'_, Self::Buf>) -> Result<()> {
+        Ok(self.dev.scale(x, s, out)?)
+    }
+
+    fn copy_or_add(&self, src: &Self::Buf, out: Out<'_, Self::Buf>) -> Result<()> {
+        Ok(self.dev.copy_or_add(src, out)?)
+    }
+
+    fn sum_rows(&self, src: &Self::Buf, n: usize, dst: Out<'_, Self::Buf>) -> Result<()> {
+        // cpu.rs `sum_rows`: row by row below PAR_MIN elements, else chunks of rows_per_task
+        let per = (self.dev.len(src) >= PAR_MIN).then(|| rows_per_task(n));
+        Ok(self.dev.sum_rows(src, n, per, dst)?)
+    }
+
+    fn sum(&self, x: &Self::Buf, factor: f64, out: &mut Self::Buf) -> Result<()> {
+        // reduce.rs `sum_f64`: one chunk below PAR_MIN, else 16K-element chunks
+        let chunk = (self.dev.len(x) >= PAR_MIN).then_some(1 << 14);
+        Ok(self.dev.sum_all(x, chunk, factor, out)?)
+    }
+
+    fn fill_scaled(&self, dy: &Self::Buf, factor: f64, out: Out<'_, Self::Buf>) -> Result<()> {
+        Ok(self.dev.fill_scaled(dy, factor, out)?)
+    }
+
+    fn round_bf16(&self, x: &Self::Buf, out: &mut Self::Buf) -> Result<()> {
+        Ok(self.dev.round_bf16(x, out)?)
+    }
+
+    fn act_fwd(&self, kind: Act, x: &Self::Buf, y: &mut Self::Buf) -> Result<()> {
+        Ok(self.dev.act_fwd(act(kind), x, y)?)
+    }
+
+    fn act_bwd(
+        &self,
+        kind: Act,
+        x: &Self::Buf,
+        dy: &Self::Buf,
+        dx: Out<'_, Self::Buf>,
+    ) -> Result<()> {
+        Ok(self.dev.act_bwd(act(kind), x, dy, dx)?)
+    }
+
+    fn swiglu_fwd(&self, gate: &Self::Buf, up: &Self::Buf, y: &mut Self::Buf) -> Result<()> {
+        Ok(self.dev.swiglu_fwd(gate, up, y)?)
+    }
+
+    fn swiglu_bwd(
+        &self,
+        gate: &Self::Buf,
+        up: &Self::Buf,
+        dy: &Self::Buf,
+        dgate: Option<Out<'_, Self::Buf>>,
+        dup: Option<Out<'_, Self::Buf>>,
+    ) -> Result<()> {
+        Ok(self.dev.swiglu_bwd(gate, up, dy, dgate, dup)?)
+    }
+
+    fn rmsnorm_fwd(
+        &self,
+        x: &Self::Buf,
+        w: &Self::Buf,
+        eps: f32,
+        y: &mut Self::Buf,
+        rstd: Option<&mut Self::Buf>,
+    ) -> Result<()> {
+        Ok(self.dev.rms_fwd(x, w, eps, y, rstd)?)
+    }
+
+    fn layernorm_fwd(
+        &self,
+        x: &Self::Buf,
+        w: &Self::Buf,
+        b: Option<&Self::Buf>,
+        eps: f32,
+        y: &mut Self::Buf,
+        stats: Option<&mut Self::Buf>,
+    ) -> Result<()> {
+        Ok(self.dev.ln_fwd(x, w, b, eps, y, stats)?)
+    }
+
+    fn norm_bwd(
+        &self,
+        kind: NormKind,
+        x: &Self::Buf,
+        w: &Self::Buf,
+        stats: &Self::Buf,
+        dy: &Self::Buf,
+        dx: Option<Out<'_, Self::Buf>>,
+        dw: Option<Out<'_, Self::Buf>>,
+        db: Option<Out<'_, Self::Buf>>,
+    ) -> Result<()> {
+        // norm.rs `norm_bwd`: all rows in one chunk below PAR_MIN elements, else rows_per_task
+        let (n, d) = (self.dev.len(x), self.dev.len(w));
+        let per = if n < PAR_MIN {
+            (n / d.max(1)).max(1)
+        } else {
+            rows_per_task(d)
+        };
+        let layer = kind == NormKind::Layer;
+        Ok(self.dev.norm_bwd(layer, x, w, stats, dy, per, dx, dw, db)?)
+    }
+
+    fn rope(
+        &self,
+        x: &Self::Buf,
+        table: &Self::Buf,
+        t: usize,
+        d: usize,
+        inverse: bool,
+        out: Out<'_, Self::Buf>,
+    ) -> Result<()> {
+        Ok(self.dev.rope(x, table, t, d, inverse, out)?)
+    }
+
+    fn embedding_fwd(
+        &self,
+        table: &Self::Buf,
+        d: usize,
+        ids: &[u32],
+        out: &mut Self::Buf,
+    ) -> Result<()> {
+        Ok(self.dev.embedding_fwd(table, d, ids, out)?)
+    }
+
+    fn embedding_bwd(
+        &self,
+        ids: &[u32],
+        dy: &Self::Buf,
+        d: usize,
+        table_grad: Out<'_, Self::Buf>,
+    ) -> Result<()> {
+        Ok(self.dev.embedding_bwd(ids, dy, d, table_grad)?)
+    }
+
+    fn cross_entropy_fwd(
+        &self,
+        logits: &Self::Buf,
+        v: usize,
+        targets: &[u32],
+        ignore: Option<u32>,
+        stats: &mut Self::Buf,
+        loss: &mut Self::Buf,
+    ) -> Result<usize> {
+        Ok(self
+            .dev
+            .cross_entropy_fwd(logits, v, targets, ignore, stats, loss)?)
+    }
+
+    fn cross_entropy_bwd(
+        &self,
+        logits: &Self::Buf,
+        v: usize,
+        targets: &[u32],
+        ignore: Option<u32>,
+        stats: &Self::Buf,
+        dy: &Self::Buf,
+        dx: Out<'_, Self::Buf>,
+    ) -> Result<()> {
+        Ok(self
+            .dev
+            .cross_entropy_bwd(logits, v, targets, ignore, stats, dy, dx)?)
+    }
+
+    fn attention_fwd(
+        &self,
+        q: &Self::Buf,
+        k: &Self::Buf,
+        v: &Self::Buf,
+        bh: usize,
+        t: usize,
+        d: usize,
+        o: &mut Self::Buf,
+        lse: &mut Self::Buf,
+    ) -> Result<()> {
+        Ok(self.dev.attention_fwd(q, k, v, bh, t, d, o, lse)?)
+    }
+
+    fn attention_bwd(
+        &self,
+        qkvo: [&Self::Buf; 4],
+        lse: &Self::Buf,
+        dout: &Self::Buf,
+        bh: usize,
+        t: usize,
+        d: usize,
+        dq: Out<'_, Self::Buf>,
+        dk: Out<'_, Self::Buf>,
+        dv: Out<'_, Self::Buf>,
+    ) -> Result<()> {
+        let [q, k, v, o] = qkvo;
+        Ok(self
+            .dev
+            .attention_bwd(q, k, v, o, lse, dout, bh, t, d, dq, dk, dv)?)
+    }
+
+    fn gemm(
+        &self,
+        m: usize,
+        n: usize,
+        k: usize,
+        alpha: f32,
+        a: &Self::Buf,
+        ta: bool,
+        b: &Self::Buf,
+        tb: bool,
+        beta: f32,
+        c: &mut Self::Buf,
+    ) -> Result<()> {
+        for (what, len, want) in [("a", self.dev.len(a), m * k), ("b", self.dev.len(b), k * n)] {
+            if len != want {
+                return Err(BackendError::InvalidArgument(format!(
+                    "gemm: {what} has {len} elements, expected {want}"
+                )));
+            }
+        }
+        let sa = if ta { (1, m) } else { (k, 1) };
+        let sb = if tb { (1, k) } else { (n, 1) };
+        Ok(self.dev.sgemm(m, n, k, alpha, a, sa, b, sb, beta, c)?)
+    }
+
+    fn grad_norm(&self, grads: &[&Self::Buf]) -> Result<f32> {
+        Ok(self.dev.grad_norm(grads)?)
+    }
+
+    fn adamw(
+        &self,
+        p: &mut Self::Buf,
+        g: &Self::Buf,
+        m: &mut Self::Buf,
+        v: &mut Self::Buf,
+        c: &AdamWCoeffs,
+    ) -> Result<()> {
+        Ok(self.dev.adamw(p, g, m, v, c)?)
+    }
+}

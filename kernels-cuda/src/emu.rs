@@ -1,0 +1,187 @@
+//! The CUDA emulator as a library (feature `emu`): compiles the training kernels of `cuda/`
+//! as host C++20 through `emu/cuda_emu.h` (256 OS threads per block, barriers for
+//! `__syncthreads` and warp shuffles), loads the result, and implements
+//! [`Launcher`](crate::train::Launcher) on host buffers, so that every
+//! [`TrainOps`](crate::train::TrainOps) op runs the real kernel code on the CPU. Other crates'
+//! tests use it to compare the kernels with their CPU ops where no GPU exists (CI).
+//!
+//! Needs a C++20 compiler (`$CXX`, else `g++`) at run time; without one [`Emu::shared`] returns
+//! [`EmuError::NoCompiler`] (tests print `SKIP` and return). It cannot see real-GPU block
+//! concurrency or nvcc's code generation, and launches are serialized.
+//!
+//! ```no_run
+//! use kernels_cuda::emu::Emu;
+//! use kernels_cuda::train::{Launcher, TrainOps};
+//! let emu = Emu::shared().expect("a C++20 compiler");
+//! let x = emu.upload(&[1.0f32, 2.0, 3.0]).unwrap();
+//! let mut y = emu.zeros::<f32>(3).unwrap();
+//! emu.scale(&x, 2.0, (false, &mut y)).unwrap();
+//! assert_eq!(y.to_vec(), [2.0, 4.0, 6.0]);
+//! ```
+
+use std::cell::UnsafeCell;
+use std::path::PathBuf;
+use std::process::Command;
+use std::sync::OnceLock;
+
+use crate::train::{Arg, Elem, Launcher, THREADS};
+use crate::{KernelError, Result};
+
+/// Why the emulator is not available.
+#[derive(Clone, Debug, thiserror::Error)]
+pub enum EmuError {
+    /// No C++ compiler could be started (set `CXX` to a C++20 compiler).
+    #[error("no C++ compiler (`{0}`) to build the CUDA emulator; set CXX to a C++20 compiler")]
+    NoCompiler(String),
+    /// The compiler lacks C++20 `<barrier>` (GCC 11+ or Clang 14+ with libstdc++ 11+ have it).
+    #[error("`{0}` lacks C++20 <barrier>: {1}")]
+    NoCxx20(String, String),
+    /// Compiling the kernels failed (a bug in `cuda/*.cu` or `emu/`).
+    #[error("building the CUDA emulator failed:\n{0}")]
+    Build(String),
+    /// Loading the built library failed.
+    #[error("loading the CUDA emulator: {0}")]
+    Load(String),
+}
+
+/// A host buffer the emulated kernels read and write through raw pointers.
+#[derive(Debug)]
+pub struct HostBuf<T>(UnsafeCell<Vec<T>>);
+
+impl<T: Clone> HostBuf<T> {
+    /// A copy of the contents.
+    pub fn to_vec(&self) -> Vec<T> {
+        // SAFETY: no launch is running (launches are synchronous and take `&self` of the
+        // emulator, which is not re-entered while this shared borrow lives).
+        unsafe { (*self.0.get()).clone() }
+    }
+
+    /// Wraps a vector.
+    pub fn from_vec(v: Vec<T>) -> Self {
+        HostBuf(UnsafeCell::new(v))
+    }
+}
+
+/// The loaded emulator.
+#[derive(Debug)]
+pub struct Emu {
+    lib: libloading::Library,
+}
+
+type LaunchFn = unsafe extern "C" fn(u32, u32, *const u64);
+
+impl Emu {
+    /// The process-wide emulator, built on first use (a few seconds).
+    pub fn shared() -> std::result::Result<&'static Emu, EmuError> {
+        static EMU: OnceLock<std::result::Result<Emu, EmuError>> = OnceLock::new();
+        EMU.get_or_init(Emu::build).as_ref().map_err(Clone::clone)
+    }
+
+    fn build() -> std::result::Result<Emu, EmuError> {
+        let crate_dir = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+        let cxx = std::env::var("CXX").unwrap_or_else(|_| "g++".into());
+        if Command::new(&cxx).arg("--version").output().is_err() {
+            return Err(EmuError::NoCompiler(cxx));
+        }
+        let dir = std::env::temp_dir().join(format!("nibble-emu-train-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).map_err(|e| EmuError::Build(e.to_string()))?;
+        let lib = dir.join("libnbemu_train.so");
+        let emu = crate_dir.join("emu");
+        let out = Command::new(&cxx)
+            .args([
+                "-std=c++20",
+                "-O2",
+                "-ffp-contract=off",
+                "-fno-fast-math",
+                "-fPIC",
+                "-shared",
+                "-pthread",
+            ])
+            .arg(format!("-I{}", crate_dir.join("cuda").display()))
+            .arg("-include")
+            .arg(emu.join("cuda_emu.h"))
+            .arg(emu.join("train.cpp"))
+            .arg("-o")
+            .arg(&lib)
+            .output()
+            .map_err(|e| EmuError::Build(e.to_string()))?;
+        if !out.status.success() {
+            let err = String::from_utf8_lossy(&out.stderr).into_owned();
+            if err.contains("c++20") || err.contains("barrier") && err.contains("No such file") {
+                return Err(EmuError::NoCxx20(cxx, err));
+            }
+            return Err(EmuError::Build(err));
+        }
+        // SAFETY: loading our own freshly built library (no initialisers with side effects).
+        let l =
+            unsafe { libloading::Library::new(&lib) }.map_err(|e| EmuError::Load(e.to_string()))?;
+        // The mapping stays valid after the file is gone.
+        std::fs::remove_dir_all(&dir).ok();
+        Ok(Emu { lib: l })
+    }
+}
+
+impl Launcher for Emu {
+    type Buf<T: Elem> = HostBuf<T>;
+
+    fn zeros<T: Elem>(&self, n: usize) -> Result<HostBuf<T>> {
+        Ok(HostBuf::from_vec(vec![T::default(); n]))
+    }
+
+    fn upload<T: Elem>(&self, data: &[T]) -> Result<HostBuf<T>> {
+        Ok(HostBuf::from_vec(data.to_vec()))
+    }
+
+    fn download<T: Elem>(&self, b: &HostBuf<T>) -> Result<Vec<T>> {
+        Ok(b.to_vec())
+    }
+
+    fn len<T: Elem>(&self, b: &HostBuf<T>) -> usize {
+        // SAFETY: reading the length only; no launch is running.
+        unsafe { (*b.0.get()).len() }
+    }
+
+    fn ptr<T: Elem>(&self, b: &HostBuf<T>) -> u64 {
+        // SAFETY: the pointer is derived through the UnsafeCell, so kernels may write through it.
+        unsafe { (*b.0.get()).as_mut_ptr() as u64 }
+    }
+
+    fn grid_stride_blocks(&self, n: usize) -> u32 {
+        // a few blocks keep the emulation fast; grid-stride kernels give the same result
+        n.div_ceil(THREADS as usize).clamp(1, 4) as u32
+    }
+
+    unsafe fn launch(&self, kernel: &'static str, grid: (u32, u32), args: &[Arg]) -> Result<()> {
+        let mut adamw = Vec::new();
+        for a in args {
+            if let Arg::AdamW(c) = a {
+                adamw.push(*c);
+            }
+        }
+        let mut k = 0;
+        let slots: Vec<u64> = args
+            .iter()
+            .map(|a| match *a {
+                Arg::Ptr(p) | Arg::U64(p) => p,
+                Arg::I32(v) => v as i64 as u64,
+                Arg::I64(v) => v as u64,
+                Arg::F32(v) => v.to_bits() as u64,
+                Arg::F64(v) => v.to_bits(),
+                Arg::AdamW(_) => {
+                    k += 1;
+                    &adamw[k - 1] as *const _ as u64
+                }
+            })
+            .collect();
+        let name = format!("emu_{kernel}\0");
+        // SAFETY: every `emu_*` symbol of train.cpp has this signature.
+        let f: libloading::Symbol<LaunchFn> = unsafe { self.lib.get(name.as_bytes()) }
+            .map_err(|e| KernelError::Unsupported(format!("emulated kernel {kernel}: {e}")))?;
+        if grid.0 == 0 || grid.1 == 0 {
+            return Ok(());
+        }
+        // SAFETY: the caller guarantees the argument list and pointer validity.
+        unsafe { f(grid.0, grid.1, slots.as_ptr()) };
+        Ok(())
+    }
+}
