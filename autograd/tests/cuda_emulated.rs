@@ -826,7 +826,7 @@ impl TinyModel {
         let p: Vec<_> = ids.iter().map(|&i| g.param(i).unwrap()).collect();
         let x0 = g.embedding(&tok, &[b * t], p[0]).unwrap();
         let h1 = g.rmsnorm(x0, p[1], TM_EPS).unwrap();
-        let mut lin = |g: &mut Graph<'_>, x, w, s: u64| g.linear(x, w, None, policy, s).unwrap();
+        let lin = |g: &mut Graph<'_>, x, w, s: u64| g.linear(x, w, None, policy, s).unwrap();
         let q = lin(&mut g, h1, p[2], 0);
         let k = lin(&mut g, h1, p[3], 1);
         let v = lin(&mut g, h1, p[4], 2);
