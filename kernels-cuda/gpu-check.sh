@@ -1,14 +1,16 @@
 #!/usr/bin/env bash
-# One-shot GPU check of kernels-cuda: every kernels-cuda test (which must really run, not
-# skip) and the GPU benchmark, with logs and results written to $OUT.
+# One-shot GPU check of kernels-cuda and the training step's kernels: every kernels-cuda test
+# and autograd's tests/cuda_gpu.rs (which must really run, not skip), the quantizer/GEMM
+# benchmark (gpu_bench) and the training-kernel benchmark (train_bench), with logs and results
+# written to $OUT.
 #
 # The H200 device image has CUDA, Python and PyTorch but no Rust toolchain, and nothing can be
 # downloaded there, so the Rust binaries are built on a CPU machine first and carried:
 #
 #   1. here (CPU machine with cargo), from the repository root:
 #        bash kernels-cuda/gpu-check.sh --prepare
-#      builds the test binaries (lib unit tests, tests/cpu.rs, tests/gpu.rs) and the
-#      gpu_bench example, strips them and puts them in kernels-cuda/gpu-bundle/ (git-ignored,
+#      builds the test binaries (kernels-cuda's lib unit tests, tests/cpu.rs, tests/gpu.rs;
+#      autograd's tests/cuda_gpu.rs) and the gpu_bench and train_bench examples, strips them and puts them in kernels-cuda/gpu-bundle/ (git-ignored,
 #      ~12 MB), with BUILD_INFO (build machine, glibc needed, a digest of the sources);
 #   2. on the device, from the repository root, carrying kernels-cuda/gpu-bundle:
 #        bash kernels-cuda/gpu-check.sh
@@ -16,10 +18,12 @@
 #
 # Writes to $OUT (default ./gpu-out): summary.txt (everything the README's "GPU results"
 # needs: device, driver, libraries, per-binary results, failures, GEMM error ratios, the
-# benchmark table), tests.log (full test output), bench.txt / bench.json, env.txt.
+# benchmark tables), tests.log (full test output), bench.txt / bench.json (quantizers, GEMMs),
+# train-bench.txt / train-bench.json (training kernels), env.txt.
 #
-# Runtime on a 16-core H200 machine: expected 2-3 minutes; the timeouts cap it at about
-# 7.5 minutes (tests 300 s, bench 150 s), so run it with the device tool's timeout_s=540.
+# Runtime on a 16-core H200 machine: expected 3-5 minutes; the per-step timeouts cap it at
+# 9 minutes (unit 30 s, cpu 30 s, gpu 200 s, autograd-gpu 120 s, gpu_bench 90 s,
+# train_bench 90 s), so run it with the device tool's timeout_s=600.
 set -uo pipefail
 
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
@@ -31,6 +35,7 @@ source_digest() {
   (cd "$ROOT" && find Cargo.toml Cargo.lock kernels-cuda/Cargo.toml kernels-cuda/src \
       kernels-cuda/tests kernels-cuda/examples kernels-cuda/cuda kernels-cuda/ptx \
       quant/Cargo.toml quant/src fp-formats/Cargo.toml fp-formats/src \
+      autograd/Cargo.toml autograd/src autograd/tests optim/Cargo.toml optim/src \
       -type f \( -name '*.rs' -o -name '*.toml' -o -name '*.lock' -o -name '*.cu' \
       -o -name '*.cuh' -o -name '*.ptx' -o -name '*.txt' \) -print0 2>/dev/null \
     | LC_ALL=C sort -z | xargs -0 sha256sum | sha256sum | cut -d' ' -f1) || true
@@ -44,7 +49,7 @@ if [[ "${1:-}" == "--prepare" ]]; then
   mkdir -p "$BUNDLE"
   echo "== building the kernels-cuda test binaries (test profile)"
   # Compiler messages go to stderr (visible); the JSON artifact list to the filter.
-  cargo test -p kernels-cuda --no-run --message-format=json-render-diagnostics \
+  cargo test -p kernels-cuda -p autograd --no-run --message-format=json-render-diagnostics \
     | python3 -c '
 import json, sys
 for line in sys.stdin:
@@ -52,23 +57,27 @@ for line in sys.stdin:
         m = json.loads(line)
     except ValueError:
         continue
-    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["name"] in ("kernels_cuda", "cpu", "gpu"):
-        kind = m["target"]["kind"][0]
-        name = "unit" if kind == "lib" else m["target"]["name"]
-        print(name, m["executable"])
+    if m.get("reason") != "compiler-artifact" or not m.get("executable"):
+        continue
+    pkg, name, kind = m["package_id"], m["target"]["name"], m["target"]["kind"][0]
+    if "kernels-cuda" in pkg and name in ("kernels_cuda", "cpu", "gpu"):
+        print("unit" if kind == "lib" else name, m["executable"])
+    elif "autograd" in pkg and name == "cuda_gpu":
+        print("autograd-gpu", m["executable"])
 ' > "$BUNDLE/.list"
   while read -r name exe; do
     cp "$exe" "$BUNDLE/test-$name"
   done < "$BUNDLE/.list"
   rm "$BUNDLE/.list"
-  for t in unit cpu gpu; do
+  for t in unit cpu gpu autograd-gpu; do
     [[ -x "$BUNDLE/test-$t" ]] || { echo "error: test binary '$t' was not built" >&2; exit 1; }
   done
-  echo "== building the gpu_bench example (release)"
-  cargo build -p kernels-cuda --release --example gpu_bench
+  echo "== building the gpu_bench and train_bench examples (release)"
+  cargo build -p kernels-cuda --release --example gpu_bench --example train_bench
   cp "$TARGET/release/examples/gpu_bench" "$BUNDLE/gpu_bench"
-  strip --strip-debug "$BUNDLE"/test-* "$BUNDLE/gpu_bench" 2>/dev/null || true
-  glibc_needed=$( (objdump -T "$BUNDLE"/test-* "$BUNDLE/gpu_bench" 2>/dev/null || true) \
+  cp "$TARGET/release/examples/train_bench" "$BUNDLE/train_bench"
+  strip --strip-debug "$BUNDLE"/test-* "$BUNDLE/gpu_bench" "$BUNDLE/train_bench" 2>/dev/null || true
+  glibc_needed=$( (objdump -T "$BUNDLE"/test-* "$BUNDLE/gpu_bench" "$BUNDLE/train_bench" 2>/dev/null || true) \
     | grep -oE 'GLIBC_[0-9]+\.[0-9]+(\.[0-9]+)?' | sort -uV | tail -1) || true
   {
     echo "built: $(date -u +%Y-%m-%dT%H:%M:%SZ) on $(uname -m), $(ldd --version | head -1)"
@@ -175,7 +184,9 @@ export CARGO_MANIFEST_DIR="$CRATE"
 export RUST_BACKTRACE=1
 TESTLOG="$OUT/tests.log"
 : > "$TESTLOG"
-for t in unit cpu gpu; do
+for spec in unit:30 cpu:30 gpu:200 autograd-gpu:120; do
+  t=${spec%%:*}
+  limit=${spec##*:}
   exe="$BUNDLE/test-$t"
   if [[ ! -x "$exe" ]]; then
     note "FAIL: missing $exe"
@@ -184,12 +195,14 @@ for t in unit cpu gpu; do
   fi
   part="$OUT/.test-$t.log"
   t1=$(date +%s)
-  ( cd "$CRATE" && timeout 300 "$exe" --test-threads=1 --nocapture ) > "$part" 2>&1
+  dir="$CRATE"
+  [[ $t == autograd-gpu ]] && dir="$ROOT/autograd"
+  ( cd "$dir" && timeout "$limit" "$exe" --test-threads=1 --nocapture ) > "$part" 2>&1
   rc=$?
   { echo "===== test-$t (exit $rc)"; cat "$part"; } >> "$TESTLOG"
   result=$(grep -E '^test result:' "$part" | tail -1)
   note "test-$t: exit $rc in $(( $(date +%s) - t1 )) s; ${result:-no result line}"
-  [[ $rc -eq 124 ]] && note "FAIL: test-$t timed out after 300 s"
+  [[ $rc -eq 124 ]] && note "FAIL: test-$t timed out after $limit s"
   [[ $rc -ne 0 ]] && status=1
   rm -f "$part"
 done
@@ -202,25 +215,33 @@ if grep -qE 'SKIP [a-z0-9_]+: ' "$TESTLOG"; then
   status=1
 fi
 grep -E 'worst \|diff\|' "$TESTLOG" | tee -a "$SUMMARY"
+note "training kernels vs the CPU ops (autograd tests/cuda_gpu.rs):"
+grep -E 'of the bound|worst gradient rel error' "$TESTLOG" | tee -a "$SUMMARY"
 note "per-test start times (test-gpu):"
 grep -E '^\[ *[0-9.]+ s\] start ' "$TESTLOG" | tee -a "$SUMMARY"
 
-if [[ -x "$BUNDLE/gpu_bench" ]]; then
+for spec in gpu_bench:90:bench train_bench:90:train-bench; do
+  b=${spec%%:*}
+  rest=${spec#*:}
+  limit=${rest%%:*}
+  stem=${rest#*:}
+  if [[ ! -x "$BUNDLE/$b" ]]; then
+    note "FAIL: missing $b"
+    status=1
+    continue
+  fi
   t1=$(date +%s)
-  timeout 150 "$BUNDLE/gpu_bench" --json "$OUT/bench.json" > "$OUT/bench.txt" 2>&1
+  timeout "$limit" "$BUNDLE/$b" --json "$OUT/$stem.json" > "$OUT/$stem.txt" 2>&1
   rc=$?
-  note "gpu_bench: exit $rc in $(( $(date +%s) - t1 )) s"
-  [[ $rc -eq 124 ]] && note "FAIL: gpu_bench timed out after 150 s"
+  note "$b: exit $rc in $(( $(date +%s) - t1 )) s"
+  [[ $rc -eq 124 ]] && note "FAIL: $b timed out after $limit s"
   [[ $rc -ne 0 ]] && status=1
-  if grep -q '^SKIP' "$OUT/bench.txt"; then
-    note "FAIL: the benchmark skipped on a GPU machine"
+  if grep -q '^SKIP' "$OUT/$stem.txt"; then
+    note "FAIL: $b skipped on a GPU machine"
     status=1
   fi
-  tee -a "$SUMMARY" < "$OUT/bench.txt"
-else
-  note "FAIL: missing gpu_bench"
-  status=1
-fi
+  tee -a "$SUMMARY" < "$OUT/$stem.txt"
+done
 
 note "total: $(( $(date +%s) - T0 )) s; status $status"
 exit $status
