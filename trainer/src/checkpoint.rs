@@ -26,7 +26,7 @@ use crate::data::{BatcherState, DataSource};
 use crate::interrupt;
 use crate::model::ModelConfig;
 use crate::recipe::Recipe;
-use crate::train::TrainConfig;
+use crate::config::TrainConfig;
 
 /// Version of [`TrainState`]'s layout.
 pub const STATE_VERSION: u32 = 1;

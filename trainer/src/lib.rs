@@ -10,9 +10,11 @@
 //! * [`rng`]: small portable generators (SplitMix64, xoshiro256**) for reproducible streams;
 //! * [`model`]: the GPT (RoPE, pre-norm RMSNorm, causal attention, SwiGLU/GELU MLP), every
 //!   linear layer under its recipe policy;
+//! * [`config`]: the run's configuration (model, training settings, data) and its validation;
 //! * [`train`]: the training loop, metrics, divergence guard;
 //! * [`checkpoint`]: safetensors + JSON state, atomic writes, exact resume;
-//! * [`report`]: multi-recipe comparison (markdown table, SVG loss curves);
+//! * [`compare`]: multi-recipe, multi-seed comparisons (the runs, reuse, resumption);
+//! * [`report`]: the comparison's report (markdown tables, SVG loss curves);
 //! * [`sample`]: text generation from a checkpoint at a chosen precision;
 //! * [`rl`]: the RL sampler and RL trainer stages (stage plans, KV-cache sampling, tasks, GRPO);
 //! * [`rundir`]: run-directory lock, refusal of existing runs, leftovers, atomic writes;
@@ -22,6 +24,8 @@
 #![warn(missing_docs)]
 
 pub mod checkpoint;
+pub mod compare;
+pub mod config;
 pub mod data;
 pub mod hf;
 pub mod interrupt;

@@ -5,11 +5,11 @@ use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
+use trainer::compare::{CompareError, CompareEvent, Comparison};
 use trainer::data::{DataSource, ShardFormat};
 use trainer::recipe::Recipe;
-use trainer::report::{self, RunResult};
 use trainer::sample::{SampleConfig, Sampler};
-use trainer::train::{read_metrics, RunConfig, RunSummary, TrainError, TrainOptions, Trainer};
+use trainer::train::{RunConfig, TrainError, TrainOptions, Trainer};
 
 /// Model, data and run settings shared by `train` and `compare`.
 #[derive(Args, Debug, Clone)]
@@ -136,9 +136,6 @@ pub struct SampleArgs {
 
 /// The most worker threads `--threads` accepts.
 const MAX_THREADS: usize = 1024;
-
-/// The most seeds `compare --seeds` accepts.
-const MAX_SEEDS: u64 = 1000;
 
 fn set_threads(threads: Option<usize>) -> Result<()> {
     if let Some(n) = threads {
@@ -289,16 +286,16 @@ pub fn run_train(args: TrainArgs) -> Result<()> {
                 stop_after: None,
             },
         )?;
-        if args.run.steps.is_some_and(|s| s != tr.cfg.train.steps) {
+        if args.run.steps.is_some_and(|s| s != tr.config().train.steps) {
             bail!(
                 "--steps differs from the checkpoint's schedule ({} steps); a resume continues the same run",
-                tr.cfg.train.steps
+                tr.config().train.steps
             );
         }
-        if tr.step >= tr.cfg.train.steps {
-            println!("{} already finished ({} steps)", from.display(), tr.step);
+        if tr.step() >= tr.config().train.steps {
+            println!("{} already finished ({} steps)", from.display(), tr.step());
         } else {
-            println!("resuming {} at step {}", from.display(), tr.step);
+            println!("resuming {} at step {}", from.display(), tr.step());
         }
         tr
     } else {
@@ -343,11 +340,11 @@ pub fn run_train(args: TrainArgs) -> Result<()> {
         )?;
         tr.set_overwrite(args.overwrite);
         if let Some(t) = init {
-            tr.ps.import(&t)?;
+            tr.params_mut().import(&t)?;
         }
         tr
     };
-    let out = tr.opts_out().to_path_buf();
+    let out = tr.out_dir().to_path_buf();
     let s = match tr.run() {
         Ok(s) => s,
         Err(e) => {
@@ -373,190 +370,51 @@ pub fn run_compare(args: CompareArgs) -> Result<()> {
     set_threads(args.run.threads)?;
     install_stop_handlers()?;
     let cfg = run_config(&args.run)?;
-    if args.recipes.is_empty() {
-        bail!("--recipes needs at least one recipe");
-    }
-    if args.seeds == 0 || args.seeds > MAX_SEEDS {
-        bail!(
-            "--seeds must be at least 1 and at most {MAX_SEEDS}, got {}",
-            args.seeds
-        );
-    }
     let recipes = args
         .recipes
         .iter()
         .map(|r| Recipe::resolve(r.trim()))
         .collect::<Result<Vec<_>, _>>()?;
-    for (i, r) in recipes.iter().enumerate() {
-        if let Some(j) = recipes[..i].iter().position(|o| o.name == r.name) {
-            bail!(
-                "--recipes: {} and {} are both named '{}' and would share one output folder; give each recipe a distinct `name`",
-                args.recipes[j].trim(),
-                args.recipes[i].trim(),
-                r.name
-            );
-        }
-    }
-    let reference = args
-        .reference
-        .as_deref()
-        .unwrap_or(report::DEFAULT_REFERENCE);
-    if args.reference.is_some() && !recipes.iter().any(|r| r.name == reference) {
-        bail!(
-            "--reference {reference} is not among the recipes ({})",
-            recipes
-                .iter()
-                .map(|r| r.name.as_str())
-                .collect::<Vec<_>>()
-                .join(", ")
-        );
-    }
     let out = args
         .out
         .clone()
         .unwrap_or_else(|| unused_dir(&format!("compare-seed{}-{}", cfg.train.seed, stamp())));
-    // one comparison per folder: its report is rewritten at the end
-    let _lock = trainer::rundir::RunLock::acquire(&out)?;
-    trainer::rundir::remove_atomic_leftovers(&out)?;
-    let first_seed = cfg.train.seed;
-    let seeds: Vec<u64> = (0..args.seeds)
-        .map(|k| first_seed.checked_add(k).context("seed overflow"))
-        .collect::<Result<_>>()?;
-    println!(
-        "comparing {} recipes x {} seed(s) on {} parameters, {} steps ({} tokens each) -> {}",
-        recipes.len(),
-        seeds.len(),
-        cfg.model.num_params(),
-        cfg.train.steps,
-        cfg.train.steps * cfg.tokens_per_step(),
-        out.display()
-    );
-    let mut results = Vec::new();
-    // Seed-major order: an interrupted comparison still holds whole seeds of every recipe.
-    for (&seed, recipe) in seeds
-        .iter()
-        .flat_map(|s| recipes.iter().map(move |r| (s, r)))
-    {
-        if trainer::interrupt::stop_requested() {
-            bail!("comparison stopped between runs; run the same `trainer compare` command again to continue it");
-        }
-        let dir = if seeds.len() > 1 {
-            out.join(&recipe.name).join(format!("seed{seed}"))
-        } else {
-            out.join(&recipe.name)
-        };
-        let mut run_cfg = cfg.clone();
-        run_cfg.train.seed = seed;
-        if let Some(summary) = finished_run(&dir, &run_cfg, recipe) {
-            println!(
-                "{} seed {seed}: reusing the finished run in {} (final validation loss {:.4})",
-                summary.recipe,
-                dir.display(),
-                summary.final_val_loss
-            );
-            let metrics = read_metrics(&dir.join("metrics.jsonl"))?;
-            results.push(RunResult {
-                seed,
-                summary,
-                metrics,
-            });
-            continue;
-        }
-        let opts = TrainOptions {
-            out: dir.clone(),
-            quiet: args.run.quiet,
-            stop_after: None,
-        };
-        let mut tr = if same_run(&dir, &run_cfg, recipe) {
-            // interrupted earlier: continue from its last checkpoint
-            let tr = Trainer::resume(&dir, opts)?;
-            println!(
-                "{} seed {seed}: continuing the interrupted run in {} at step {}",
-                recipe.name,
-                dir.display(),
-                tr.step
-            );
-            tr
-        } else {
-            let mut tr = Trainer::new(run_cfg, recipe.clone(), opts)?;
-            tr.set_overwrite(args.overwrite);
-            tr
-        };
-        let summary = match tr.run() {
-            Ok(s) => s,
-            Err(e @ TrainError::Stopped { .. }) => {
-                eprintln!(
-                    "comparison stopped; run the same `trainer compare` command again to continue it (finished runs are reused, this one resumes)"
-                );
-                return Err(e.into());
-            }
-            Err(e @ TrainError::RunDir(_)) => return Err(e.into()),
-            Err(e) => {
-                let e = anyhow::Error::from(e);
-                print_divergence(&e, &dir);
-                eprintln!("run {} failed: {e:#}; continuing", dir.display());
-                continue;
-            }
-        };
-        println!(
-            "{} seed {seed}: final validation loss {:.4}, {:.0} tokens/s, {:.0} s",
-            summary.recipe, summary.final_val_loss, summary.tokens_per_s, summary.wall_s
-        );
-        let metrics = read_metrics(&dir.join("metrics.jsonl"))?;
-        results.push(RunResult {
-            seed,
-            summary,
-            metrics,
-        });
-    }
-    if results.is_empty() {
-        bail!("no run finished");
-    }
-    let header = format!(
-        "# Recipe comparison\n\nModel: {} blocks, d_model {}, {} heads, hidden {}, seq {}, batch {} x {} micro-batches; data: {:?}; {}.\n\nRun: `trainer compare{}`\n",
-        cfg.model.n_layers,
-        cfg.model.d_model,
-        cfg.model.n_heads,
-        cfg.model.hidden,
-        cfg.model.seq,
-        cfg.train.batch,
-        cfg.train.grad_accum,
-        cfg.data,
-        if seeds.len() > 1 {
-            format!("seeds {}..={}", seeds[0], seeds[seeds.len() - 1])
-        } else {
-            format!("seed {first_seed}")
-        },
-        std::env::args().skip(2).map(|a| format!(" {a}")).collect::<String>()
-    );
-    report::write_report(&out, &results, &header, reference)?;
-    println!("report: {}", out.join("report.md").display());
-    println!(
-        "plots:  {} {}",
-        out.join("loss.svg").display(),
-        out.join("train-loss.svg").display()
-    );
-    Ok(())
-}
-
-/// The summary of a run that already finished in `dir` with exactly this configuration and
-/// recipe (its `run.toml` and `recipe.toml` match and it wrote `summary.json`), so that a
-/// comparison that was interrupted, or is extended with more seeds or recipes, does not
-/// train it again.
-fn finished_run(dir: &Path, cfg: &RunConfig, recipe: &Recipe) -> Option<RunSummary> {
-    if !same_run(dir, cfg, recipe) {
-        return None;
-    }
-    let text = std::fs::read_to_string(dir.join("summary.json")).ok()?;
-    serde_json::from_str(&text).ok()
-}
-
-/// Whether `dir` holds a run (finished or not) of exactly this configuration and recipe.
-fn same_run(dir: &Path, cfg: &RunConfig, recipe: &Recipe) -> bool {
-    let same = |name: &str, want: String| {
-        std::fs::read_to_string(dir.join(name)).is_ok_and(|have| have == want)
+    let cmp = Comparison {
+        run: cfg,
+        recipes,
+        seeds: args.seeds,
+        reference: args.reference.clone(),
+        out,
+        quiet: args.run.quiet,
+        overwrite: args.overwrite,
+        command: std::env::args().skip(2).map(|a| format!(" {a}")).collect(),
     };
-    same("run.toml", cfg.to_toml()) && same("recipe.toml", recipe.to_toml())
+    let outcome = match cmp.run(|event| match event {
+        CompareEvent::Failed { .. } => eprintln!("{event}"),
+        _ => println!("{event}"),
+    }) {
+        Ok(o) => o,
+        Err(e @ CompareError::Train(TrainError::Stopped { .. })) => {
+            eprintln!(
+                "comparison stopped; run the same `trainer compare` command again to continue it (finished runs are reused, this one resumes)"
+            );
+            return Err(e.into());
+        }
+        Err(CompareError::DuplicateRecipe { first, second, name }) => bail!(
+            "--recipes: {} and {} are both named '{name}' and would share one output folder; give each recipe a distinct `name`",
+            args.recipes[first].trim(),
+            args.recipes[second].trim()
+        ),
+        Err(e) => return Err(e.into()),
+    };
+    println!("report: {}", outcome.report.display());
+    let plots: Vec<String> = outcome
+        .plots
+        .iter()
+        .map(|p| p.display().to_string())
+        .collect();
+    println!("plots:  {}", plots.join(" "));
+    Ok(())
 }
 
 /// SIGINT and SIGTERM stop training after the current step, with a checkpoint.

@@ -8,6 +8,7 @@ use std::fs;
 use std::path::Path;
 
 use trainer::checkpoint::{self, CheckpointError, STATE_FILE, TENSORS_FILE};
+use trainer::config::ConfigError;
 use trainer::data::DataSource;
 use trainer::model::{ModelConfig, ModelError};
 use trainer::recipe::Recipe;
@@ -38,7 +39,7 @@ bytes = 60000
 
 fn config_err(text: &str) -> String {
     match RunConfig::from_toml_str(text) {
-        Err(e @ (TrainError::Config(_) | TrainError::Model(_))) => e.to_string(),
+        Err(e @ (ConfigError::Invalid(_) | ConfigError::Model(_))) => e.to_string(),
         Err(e) => panic!("unexpected error kind: {e}"),
         Ok(_) => panic!("accepted:\n{text}"),
     }
@@ -66,7 +67,7 @@ fn malformed_run_configs_are_rejected_with_reasons() {
     let missing = Path::new("/nonexistent/run.toml");
     assert!(matches!(
         RunConfig::from_file(missing),
-        Err(TrainError::Io { .. })
+        Err(ConfigError::Io { .. })
     ));
 }
 

@@ -15,6 +15,7 @@ use autograd::NamedTensor;
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestCaseError, TestRunner};
 use trainer::checkpoint::{self, CheckpointError, OPTIMIZER_FILE, STATE_FILE, TENSORS_FILE};
+use trainer::config::ConfigError;
 use trainer::data::{open_shard, DataError, ShardFormat, LLMC_MAGIC};
 use trainer::recipe::{LayerKind, Recipe};
 use trainer::train::{RunConfig, TrainError, Trainer};
@@ -464,7 +465,7 @@ fn mutated_checkpoints_load_resume_and_step_or_fail_typed() {
             match Trainer::resume(&dir, opts(&tmp.path().join("out"))) {
                 Ok(mut tr) => {
                     loaded.set(loaded.get() + 1);
-                    if tr.step < tr.cfg.train.steps {
+                    if tr.step() < tr.config().train.steps {
                         match tr.train_step() {
                             Ok(_) | Err(TrainError::Diverged { .. }) => {}
                             Err(e) => {
@@ -559,7 +560,7 @@ fn check_run_config(text: &str) -> Result<Option<RunConfig>, TestCaseError> {
             prop_assert!(RunConfig::from_toml_str(&cfg.to_toml()).is_ok());
             Ok(Some(cfg))
         }
-        Err(TrainError::Config(_) | TrainError::Model(_)) => Ok(None),
+        Err(ConfigError::Invalid(_) | ConfigError::Model(_)) => Ok(None),
         Err(e) => Err(TestCaseError::fail(format!("unexpected error kind: {e}"))),
     }
 }

@@ -83,10 +83,10 @@ fn resume_equals_uninterrupted_bitwise() {
         o.stop_after = Some(7); // not an evaluation step: the stop writes its own checkpoint
         let mut first = Trainer::new(cfg, r, o).unwrap();
         first.run().unwrap();
-        assert_eq!(first.step, 7);
+        assert_eq!(first.step(), 7);
         drop(first);
         let mut resumed = Trainer::resume(&b, opts(&b)).unwrap();
-        assert_eq!(resumed.step, 7);
+        assert_eq!(resumed.step(), 7);
         let sb = resumed.run().unwrap();
         assert_eq!(losses(&a), losses(&b), "{recipe}");
         assert_eq!(losses(&a).len(), 12);
@@ -185,7 +185,7 @@ fn nan_guard_stops_and_keeps_the_last_checkpoint() {
     let ck = checkpoint::load(&dir).unwrap();
     assert_eq!(ck.state.step, 5);
     let resumed = Trainer::resume(&dir, opts(&tmp.path().join("again"))).unwrap();
-    assert_eq!(resumed.step, 5);
+    assert_eq!(resumed.step(), 5);
     assert!(!dir.join("summary.json").exists());
 }
 
@@ -258,7 +258,7 @@ fn tied_embeddings_and_gelu_train() {
     cfg.model.mlp = MlpKind::Gelu;
     let n = cfg.model.num_params();
     let mut tr = Trainer::new(cfg, Recipe::builtin("mxfp8").unwrap(), opts(tmp.path())).unwrap();
-    assert_eq!(tr.ps.num_elements(), n);
+    assert_eq!(tr.params().num_elements(), n);
     let s = tr.run().unwrap();
     assert!(
         (s.final_val_loss as f64) < s.unigram_nats - 0.3,
