@@ -39,6 +39,11 @@ pub struct ExportArgs {
     /// Layout of a quantized export.
     #[arg(long, value_enum, default_value = "modelopt")]
     pub layout: LayoutArg,
+    /// NVFP4: calibrate static activation scales (ModelOpt `input_scale`, compressed-tensors
+    /// `input_global_scale`) on the first N batches of the run's validation data (FP32
+    /// forward).
+    #[arg(long, value_name = "N", requires = "quantize")]
+    pub calibrate: Option<usize>,
 }
 
 /// Runs `trainer export`.
@@ -55,6 +60,7 @@ pub fn run_export(args: ExportArgs) -> Result<()> {
             };
             (scheme, layout)
         }),
+        calibrate: args.calibrate,
         ..Default::default()
     };
     let r = hf::export(&args.checkpoint, &args.out, &opts)?;
@@ -69,6 +75,9 @@ pub fn run_export(args: ExportArgs) -> Result<()> {
         args.out.display(),
         r.files.join(", ")
     );
+    if let Some(n) = args.calibrate {
+        println!("activation scales calibrated on {n} batches of the run's validation data");
+    }
     if let Some(note) = r.tokenizer_note {
         println!("note: {note}");
     }

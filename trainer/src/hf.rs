@@ -71,6 +71,9 @@ pub enum HfError {
     /// The folder's tensors do not fit in memory (the message carries the estimate).
     #[error(transparent)]
     TooLarge(#[from] crate::memory::TooLarge),
+    /// Activation calibration failed.
+    #[error("calibration: {0}")]
+    Calibrate(#[from] crate::calibrate::CalibrateError),
 }
 
 fn io(path: &Path) -> impl FnOnce(std::io::Error) -> HfError + '_ {
@@ -359,12 +362,85 @@ impl Drop for Staging {
 }
 
 /// How to export.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq)]
 pub struct ExportOptions {
     /// Quantize the linear layers (embedding, LM head and norms stay F32).
     pub quantize: Option<(Scheme, Layout)>,
     /// Extra safetensors metadata (e.g. the training step and recipe).
     pub metadata: BTreeMap<String, String>,
+    /// [`export`] only: calibrate the activation scales of an NVFP4 export on this many
+    /// batches of the run's validation data ([`crate::calibrate::calibrate_checkpoint`]).
+    pub calibrate: Option<usize>,
+    /// Calibrated input amax per linear layer, by the model's names (`blocks.{i}.attn.qkv`,
+    /// ..., from [`crate::calibrate`]): an NVFP4 export gets ModelOpt `input_scale` or
+    /// compressed-tensors `input_global_scale` tensors (see [`hf_input_amax`]).
+    pub input_amax: BTreeMap<String, f32>,
+}
+
+/// The input amaxes of the Hugging Face modules, from those of the model's linear layers:
+/// the fused QKV's goes to `q_proj`, `k_proj` and `v_proj` (they read the same input), the
+/// fused gate/up's to `gate_proj` and `up_proj`; the LM head's is dropped (it stays F32).
+///
+/// Errors: a name that is not a linear layer of `cfg`, a missing layer.
+///
+/// ```
+/// use std::collections::BTreeMap;
+/// let cfg = trainer::model::ModelConfig::preset("tiny").unwrap();
+/// let mut a = BTreeMap::new();
+/// for i in 0..2 {
+///     for (k, v) in [("attn.qkv", 1.0), ("attn.out", 2.0), ("mlp.up", 3.0), ("mlp.down", 4.0)] {
+///         a.insert(format!("blocks.{i}.{k}"), v);
+///     }
+/// }
+/// let hf = trainer::hf::hf_input_amax(&cfg, &a).unwrap();
+/// assert_eq!(hf.len(), 2 * 7);
+/// assert_eq!(hf["model.layers.1.self_attn.v_proj"], 1.0);
+/// assert_eq!(hf["model.layers.0.mlp.gate_proj"], 3.0);
+/// ```
+pub fn hf_input_amax(
+    cfg: &ModelConfig,
+    amax: &BTreeMap<String, f32>,
+) -> Result<BTreeMap<String, f32>, HfError> {
+    let mut out = BTreeMap::new();
+    let mut used = 0;
+    for i in 0..cfg.n_layers {
+        let q = format!("model.layers.{i}");
+        let targets: [(&str, &[&str]); 4] = [
+            (
+                "attn.qkv",
+                &["self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"],
+            ),
+            ("attn.out", &["self_attn.o_proj"]),
+            ("mlp.up", &["mlp.gate_proj", "mlp.up_proj"]),
+            ("mlp.down", &["mlp.down_proj"]),
+        ];
+        for (nibble, hf) in targets {
+            let name = format!("blocks.{i}.{nibble}");
+            let a = *amax.get(&name).ok_or_else(|| {
+                HfError::Unsupported(format!("no calibrated input amax for `{name}`"))
+            })?;
+            used += 1;
+            for h in hf {
+                out.insert(format!("{q}.{h}"), a);
+            }
+        }
+    }
+    used += usize::from(amax.contains_key("lm_head"));
+    if used != amax.len() {
+        let extra = amax
+            .keys()
+            .find(|k| {
+                *k != "lm_head"
+                    && !(0..cfg.n_layers).any(|i| k.starts_with(&format!("blocks.{i}.")))
+            })
+            .cloned()
+            .unwrap_or_default();
+        return Err(HfError::Unsupported(format!(
+            "input amax for `{extra}`, which is not a linear layer of a {}-layer model",
+            cfg.n_layers
+        )));
+    }
+    Ok(out)
 }
 
 /// What [`export_model`] wrote.
@@ -390,6 +466,19 @@ pub fn export_model(
 ) -> Result<ExportReport, HfError> {
     let config = llama_config(cfg)?;
     let tensors = to_hf_tensors(cfg, params)?;
+    let input_amax =
+        if opts.input_amax.is_empty() {
+            BTreeMap::new()
+        } else {
+            match opts.quantize {
+                Some((Scheme::Nvfp4, _)) => hf_input_amax(cfg, &opts.input_amax)?,
+                _ => return Err(HfError::Unsupported(
+                    "calibrated activation scales belong to an NVFP4 export (--quantize nvfp4); \
+                     MXFP8 scales activations per block at run time"
+                        .into(),
+                )),
+            }
+        };
     let staging = Staging::new(out, "export")?;
     let dir = &staging.tmp;
     let mut meta = BTreeMap::from([
@@ -452,6 +541,7 @@ pub fn export_model(
                 layout,
                 metadata: BTreeMap::from([("producer".to_string(), producer())]),
                 no_stats: true,
+                input_amax,
                 ..Default::default()
             };
             let r =
@@ -480,6 +570,19 @@ pub fn export(src: &Path, out: &Path, opts: &ExportOptions) -> Result<ExportRepo
     opts.metadata
         .entry("nibble_recipe".into())
         .or_insert_with(|| ck.state.recipe.name.clone());
+    if let Some(n) = opts.calibrate {
+        if !matches!(opts.quantize, Some((Scheme::Nvfp4, _))) {
+            return Err(HfError::Unsupported(
+                "calibration (--calibrate) is for an NVFP4 export (--quantize nvfp4); MXFP8 \
+                 scales activations per block at run time"
+                    .into(),
+            ));
+        }
+        let amax = crate::calibrate::calibrate_checkpoint(&ck, n)?;
+        opts.input_amax = amax.into_iter().map(|a| (a.name, a.amax)).collect();
+        opts.metadata
+            .insert("nibble_calibration_batches".into(), n.to_string());
+    }
     export_model(&ck.state.model, &ck.tensors, out, &opts)
 }
 

@@ -20,9 +20,11 @@
 //! * [`rundir`]: run-directory lock, refusal of existing runs, leftovers, atomic writes;
 //! * [`interrupt`]: graceful stops on SIGINT/SIGTERM and the crash-test hooks;
 //! * [`memory`]: memory estimates checked before allocating;
+//! * [`calibrate`]: per-linear input amax over calibration batches (static activation scales);
 //! * [`hf`]: Hugging Face Llama export (optionally NVFP4/MXFP8 through `fp-formats`) and import.
 #![warn(missing_docs)]
 
+pub mod calibrate;
 pub mod checkpoint;
 pub mod compare;
 pub mod config;

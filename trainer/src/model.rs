@@ -239,6 +239,9 @@ pub struct LinearProbe {
     pub rows: usize,
     /// Input width.
     pub cols: usize,
+    /// The largest magnitude of the whole input (all rows, not only the captured ones; NaN
+    /// if the input holds a NaN), for activation calibration ([`crate::calibrate`]).
+    pub amax: f32,
 }
 
 /// Rows of a linear input a probe keeps (keeps statistics cheap).
@@ -416,6 +419,14 @@ impl Gpt {
             let shape = g.shape(x)?;
             let cols = shape.last();
             let rows = shape.rows().min(PROBE_ROWS);
+            let xv = g.value(x)?;
+            let amax = xv.iter().fold(0.0f32, |m, &v| {
+                if v.abs() > m || v.is_nan() {
+                    v.abs()
+                } else {
+                    m
+                }
+            });
             let name = match block {
                 Some(i) => format!(
                     "blocks.{i}.{}",
@@ -436,9 +447,10 @@ impl Gpt {
                 weight: w,
                 policy,
                 stream,
-                x: g.value(x)?[..rows * cols].to_vec(),
+                x: xv[..rows * cols].to_vec(),
                 rows,
                 cols,
+                amax,
             });
         }
         let wt = g.param(w)?;
