@@ -5,6 +5,12 @@
 //! docs/numerics.md#the-quantized-gemm) is applied to the f32 accumulator in a separate epilogue pass, as the
 //! hardware does. This models the hardware GEMM up to the f32 accumulation order.
 //!
+//! * When both operands are quantized (any format but FP32), their values (element code
+//!   times block scale, without the per-tensor factor) are exactly BF16, and the product
+//!   runs on the BF16 GEMM ([`crate::gemm::bf16`]: AMX-BF16 tiles where the CPU has them,
+//!   FP32 accumulation in a fixed order, docs/numerics.md#the-bf16-gemm). With an FP32
+//!   operand on either side it runs on the f32 GEMM ([`sgemm`]).
+//!
 //! * An [`Operand`] is a row-major `[rows, cols]` tensor and a [`Usage`]: rowwise, the GEMM
 //!   operand is the tensor itself; columnwise, its transpose (`[cols, rows]`).
 //! * FP32 operands are never copied: they enter [`sgemm`] as (possibly transposed) strided
@@ -41,6 +47,7 @@
 use std::cell::Cell;
 
 use crate::config::{Fp8Scaling, OperandQuant, QuantFormat, RoundingMode, Usage};
+use crate::gemm::bf16::{bf16_gemm_tn, Bf16Workspace};
 use crate::gemm::{sgemm, MatRef};
 use crate::{fake, QuantError, QuantState, RngKey};
 
@@ -111,6 +118,7 @@ impl<'a> Operand<'a> {
 pub struct GemmWorkspace {
     a: Vec<f32>,
     b: Vec<f32>,
+    packed: Bf16Workspace,
 }
 
 impl GemmWorkspace {
@@ -156,10 +164,16 @@ pub fn quantized_matmul_tn_with(
     let (m, ka) = a.gemm_shape();
     let (n, kb) = b.gemm_shape();
     check_shapes(m, ka, n, kb, out)?;
-    let GemmWorkspace { a: wa, b: wb } = ws;
+    let GemmWorkspace {
+        a: wa,
+        b: wb,
+        packed,
+    } = ws;
+    let qa = a.quant.format != QuantFormat::F32;
+    let qb = b.quant.format != QuantFormat::F32;
     let (av, fa) = prepare(a, wa)?;
     let (bv, fb) = prepare(b, wb)?;
-    finish(av, fa, bv, fb, out);
+    finish((av, fa, qa), (bv, fb, qb), out, packed);
     Ok(())
 }
 
@@ -173,6 +187,9 @@ pub struct FakeOperand<'a> {
     pub values: MatRef<'a>,
     /// Per-tensor factor (NVFP4 `S_dec`, 1 for BF16).
     pub factor: f32,
+    /// Whether the values come from a quantizer (any format but FP32), hence are exactly
+    /// BF16: the GEMM then runs on the BF16 GEMM when the other operand is quantized too.
+    pub quantized: bool,
 }
 
 impl<'a> FakeOperand<'a> {
@@ -182,6 +199,7 @@ impl<'a> FakeOperand<'a> {
         FakeOperand {
             values: self.values.t(),
             factor: self.factor,
+            quantized: self.quantized,
         }
     }
 }
@@ -259,6 +277,7 @@ pub fn fake_operand<'b>(
     Ok(FakeOperand {
         values: MatRef::row_major(buf, outer, k),
         factor,
+        quantized: op.quant.format != QuantFormat::F32,
     })
 }
 
@@ -278,7 +297,10 @@ pub fn quantized_matmul_tn_prequantized(
     let (n, kb) = (b.values.rows, b.values.cols);
     check_shapes(m, ka, n, kb, out)?;
     let mut ws = WORKSPACE.with(|c| c.take()).unwrap_or_default();
-    let r = prepare(a, &mut ws.a).map(|(av, fa)| finish(av, fa, b.values, b.factor, out));
+    let qa = a.quant.format != QuantFormat::F32;
+    let GemmWorkspace { a: wa, packed, .. } = &mut *ws;
+    let r = prepare(a, wa)
+        .map(|(av, fa)| finish((av, fa, qa), (b.values, b.factor, b.quantized), out, packed));
     WORKSPACE.with(|c| c.set(Some(ws)));
     r
 }
@@ -319,10 +341,20 @@ fn check_shapes(m: usize, ka: usize, n: usize, kb: usize, out: &[f32]) -> Result
 /// on it or on the thread count).
 const EPILOGUE_CHUNK: usize = 1 << 16;
 
-/// `out = α · Â · B̂ᵀ` from the prepared `[M, K]` and `[N, K]` views.
-fn finish(av: MatRef<'_>, fa: f32, bv: MatRef<'_>, fb: f32, out: &mut [f32]) {
-    // B̂ᵀ: [K, N].
-    sgemm(1.0, av, bv.t(), 0.0, out);
+/// `out = α · Â · B̂ᵀ` from the prepared `[M, K]` and `[N, K]` views, their factors and
+/// whether each is quantized (then exactly BF16).
+fn finish(
+    (av, fa, qa): (MatRef<'_>, f32, bool),
+    (bv, fb, qb): (MatRef<'_>, f32, bool),
+    out: &mut [f32],
+    packed: &mut Bf16Workspace,
+) {
+    if qa && qb {
+        bf16_gemm_tn(av, bv, out, packed);
+    } else {
+        // B̂ᵀ: [K, N].
+        sgemm(1.0, av, bv.t(), 0.0, out);
+    }
     let alpha = fa * fb;
     if alpha != 1.0 && av.cols > 0 {
         // One O(MN) pass; split across the rayon pool only when large.

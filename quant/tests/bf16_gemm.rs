@@ -90,7 +90,7 @@ fn matches_the_scalar_model_on_edge_data() {
     ];
     let mut rnd = lcg(7);
     let (m, n, k) = (19, 21, 96);
-    let mut pick =
+    let pick =
         |r: f32| specials[((r + 1.0) * 0.5 * specials.len() as f32) as usize % specials.len()];
     let mut a: Vec<f32> = (0..m * k).map(|_| 0.0).collect();
     let mut b: Vec<f32> = (0..n * k).map(|_| 0.0).collect();

@@ -1,8 +1,10 @@
 //! The emulated quantized GEMM: FP32 is bit for bit the plain sgemm (no copies, transposed
-//! views), quantized operands equal "fake-quantize, sgemm, α epilogue" bit for bit, and
-//! shapes / configurations are checked with typed errors.
+//! views), two quantized operands equal "fake-quantize (exactly BF16), BF16 GEMM, α
+//! epilogue" bit for bit (with an FP32 operand: the same with sgemm), and shapes /
+//! configurations are checked with typed errors.
 
 use fp_formats::mx::{MxElement, ScaleRule};
+use quant::gemm::bf16::{bf16_bits, bf16_gemm_tn, Bf16Workspace};
 use quant::gemm::{matmul_tn, sgemm, MatRef};
 use quant::qgemm::{quantized_matmul_tn, quantized_matmul_tn_with, GemmWorkspace, Operand};
 use quant::{
@@ -71,10 +73,11 @@ fn fp32_is_plain_sgemm_bit_for_bit() {
         .all(|(x, y)| x.to_bits() == y.to_bits()));
 }
 
-/// Every quantized policy: out == α · sgemm(fake_A, fake_Bᵀ) bit for bit, with α the product
-/// of the per-tensor factors applied after the accumulation.
+/// Every quantized policy: out == α · GEMM(fake_A, fake_B) bit for bit, with α the product of
+/// the per-tensor factors applied after the accumulation and the BF16 GEMM when both operands
+/// are quantized (their fake values are exactly BF16), sgemm otherwise.
 #[test]
-fn quantized_equals_fake_quantize_then_sgemm() {
+fn quantized_equals_fake_quantize_then_gemm() {
     let (m, n, k) = (40, 24, 64);
     let key_a = RngKey {
         seed: 1,
@@ -170,7 +173,23 @@ fn quantized_equals_fake_quantize_then_sgemm() {
         )
         .unwrap();
         let mut want = vec![0.0f32; m * n];
-        matmul_tn(&fa, &fb, m, n, k, &mut want);
+        let quantized = [&qa, &qb].map(|q| q.format != QuantFormat::F32);
+        for (q, f) in quantized.iter().zip([&fa, &fb]) {
+            if *q {
+                let exact = |x: &f32| f32::from_bits((bf16_bits(*x) as u32) << 16) == *x;
+                assert!(f.iter().all(exact), "{qa:?} / {qb:?}: not exactly BF16");
+            }
+        }
+        if quantized == [true, true] {
+            bf16_gemm_tn(
+                MatRef::row_major(&fa, m, k),
+                MatRef::row_major(&fb, n, k),
+                &mut want,
+                &mut Bf16Workspace::new(),
+            );
+        } else {
+            matmul_tn(&fa, &fb, m, n, k, &mut want);
+        }
         let alpha = sa * sb;
         for v in &mut want {
             *v *= alpha;

@@ -92,3 +92,29 @@ pub(super) unsafe fn block_2x2(a: *const u16, b: *const u16, kc: usize, c: *mut 
         options(nostack),
     );
 }
+
+/// `iters` rounds of four independent `tdpbf16ps` on zeroed tiles (the peak probe).
+///
+/// # Safety
+/// AMX-BF16 must be usable and a [`TileConfig`] loaded on this thread; `iters >= 1`.
+pub(super) unsafe fn peak_loop(iters: usize) {
+    asm!(
+        "tilezero tmm0",
+        "tilezero tmm1",
+        "tilezero tmm2",
+        "tilezero tmm3",
+        "tilezero tmm4",
+        "tilezero tmm5",
+        "tilezero tmm6",
+        "tilezero tmm7",
+        "2:",
+        "tdpbf16ps tmm0, tmm4, tmm6",
+        "tdpbf16ps tmm1, tmm4, tmm7",
+        "tdpbf16ps tmm2, tmm5, tmm6",
+        "tdpbf16ps tmm3, tmm5, tmm7",
+        "dec {n}",
+        "jnz 2b",
+        n = inout(reg) iters => _,
+        options(nostack, nomem),
+    );
+}

@@ -305,3 +305,19 @@ pub fn dot_reference(a: &[f32], b: &[f32]) -> f32 {
     }
     c
 }
+
+/// Floating-point operations of `iters` rounds of the tile unit's peak loop on this thread
+/// (four `tdpbf16ps` of 16 x 16 x 32 each per round), or `None` without AMX-BF16. For the
+/// peak probe of `bench`; the caller times it.
+#[doc(hidden)]
+pub fn tile_peak_probe(iters: usize) -> Option<f64> {
+    #[cfg(target_arch = "x86_64")]
+    if fp_formats::cpu::has_amx_bf16() && iters > 0 {
+        let _cfg = super::amx::TileConfig::load();
+        // SAFETY: AMX is usable and configured on this thread; the loop touches no memory.
+        unsafe { super::amx::peak_loop(iters) };
+        return Some((iters * 4 * TILE * TILE * CHUNK * 2) as f64);
+    }
+    let _ = iters;
+    None
+}
