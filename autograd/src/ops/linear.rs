@@ -9,7 +9,11 @@
 //!
 //! Every GEMM is one call of [`quant::qgemm::quantized_matmul_tn`], each operand quantized
 //! from the high-precision tensor (rowwise and columnwise copies independently), and the
-//! gradients pass straight through the quantizers. Random bits (stochastic rounding, random
+//! gradients pass straight through the quantizers. When both operands of a GEMM are
+//! quantized (BF16, FP8, MX, NVFP4) it runs on the BF16 GEMM (`quant::gemm::bf16`, AMX-BF16
+//! tiles where the CPU has them, FP32 accumulation in a fixed order); with an FP32 operand,
+//! on the f32 GEMM. Either way each output element's arithmetic does not depend on the
+//! number of rows or threads. Random bits (stochastic rounding, random
 //! Hadamard signs) come from a distinct Philox stream per operand role, layer and step: see
 //! [`gemm_stream`]. An all-FP32 policy is bit for bit the plain f32 linear layer.
 
@@ -293,6 +297,8 @@ impl Graph<'_> {
                             let wf = FakeOperand {
                                 values: MatRef::row_major(buf.as_slice(), n_out, n_in),
                                 factor,
+                                // transpose-exact quantizers are NVFP4 or BF16
+                                quantized: true,
                             };
                             quantized_matmul_tn_prequantized(dya, wf.t(), out)?;
                         }
@@ -371,6 +377,7 @@ impl Graph<'_> {
 
 #[cfg(test)]
 mod tests {
+    use quant::gemm::bf16::{bf16_gemm_tn, Bf16Workspace};
     use quant::gemm::{matmul_tn, sgemm, MatRef};
     use quant::{
         fake, AmaxAlgo, Fp8Element, Fp8Scaling, GemmPolicy, OperandQuant, QuantFormat, QuantState,
@@ -479,22 +486,29 @@ mod tests {
                 .map(|&x| fp_formats::round_to_bf16(x))
                 .collect::<Vec<_>>()
         };
+        // BF16 operands, the BF16 GEMM (FP32 accumulation in its fixed order)
+        let mut bw = Bf16Workspace::new();
         let mut y_ref = vec![0.0; t * n_out];
-        matmul_tn(&rb(&xs), &rb(&ws), t, n_out, n_in, &mut y_ref);
+        bf16_gemm_tn(
+            MatRef::row_major(&rb(&xs), t, n_in),
+            MatRef::row_major(&rb(&ws), n_out, n_in),
+            &mut y_ref,
+            &mut bw,
+        );
         assert_eq!(y, y_ref);
         let mut dx_ref = vec![0.0; t * n_in];
-        sgemm(
-            1.0,
+        bf16_gemm_tn(
             MatRef::row_major(&rb(&r), t, n_out),
-            MatRef::row_major(&rb(&ws), n_out, n_in),
-            0.0,
+            MatRef::row_major(&rb(&ws), n_out, n_in).t(),
             &mut dx_ref,
+            &mut bw,
         );
         assert_eq!(dx, dx_ref);
     }
 
     /// One quantized GEMM assembled by hand from `quant::fake`: fake-quantize both operands
-    /// (stored layout, no per-tensor factor), multiply in f32, apply `α = f_A · f_B`.
+    /// (stored layout, no per-tensor factor), multiply (the BF16 GEMM when both are
+    /// quantized, f32 otherwise), apply `α = f_A · f_B`.
     #[allow(clippy::too_many_arguments)]
     fn hand_gemm(
         a: (&[f32], usize, usize, Usage, &OperandQuant, OperandRole),
@@ -534,16 +548,26 @@ mod tests {
             };
             (buf, outer, k, f)
         };
+        let both = a.4.format != QuantFormat::F32 && b.4.format != QuantFormat::F32;
         let (qa, m, k, fa) = quantize(a);
         let (qb, n, _, fb) = quantize(b);
         let mut out = vec![0.0f32; m * n];
-        sgemm(
-            1.0,
-            MatRef::row_major(&qa, m, k),
-            MatRef::row_major(&qb, n, k).t(),
-            0.0,
-            &mut out,
-        );
+        if both {
+            bf16_gemm_tn(
+                MatRef::row_major(&qa, m, k),
+                MatRef::row_major(&qb, n, k),
+                &mut out,
+                &mut Bf16Workspace::new(),
+            );
+        } else {
+            sgemm(
+                1.0,
+                MatRef::row_major(&qa, m, k),
+                MatRef::row_major(&qb, n, k).t(),
+                0.0,
+                &mut out,
+            );
+        }
         let alpha = fa * fb;
         if alpha != 1.0 {
             out.iter_mut().for_each(|v| *v *= alpha);
