@@ -9,6 +9,9 @@
 //! trainer compare                      train several recipes on identical data and write a report
 //! trainer sample CHECKPOINT            generate text at a chosen precision
 //! trainer export CHECKPOINT --out DIR  a Hugging Face Llama folder [--quantize nvfp4|mxfp8]
+//! trainer plans [show NAME|FILE]       the stage plans (pretrain / RL sampler / RL trainer)
+//! trainer rl --from CKPT --task T --plan P --out DIR   GRPO on a verifiable task
+//! trainer rl compare --from CKPT --out DIR             plans x corrections x seeds, a report
 //! ```
 //!
 //! Each subcommand is a variant of [`Command`] with its own argument struct and a `run_*`
@@ -28,6 +31,7 @@ use trainer::recipe::{Recipe, BUILTIN_NAMES};
 use trainer::train::TrainError;
 
 mod export_cmd;
+mod rl_cmd;
 mod run_cmds;
 use run_cmds::{run_compare, run_sample, run_train, CompareArgs, SampleArgs, TrainArgs};
 
@@ -54,6 +58,11 @@ enum Command {
     Sample(SampleArgs),
     /// Export a checkpoint as a Hugging Face Llama folder (optionally NVFP4 / MXFP8).
     Export(export_cmd::ExportArgs),
+    /// List the built-in stage plans (pretrain / RL sampler / RL trainer precisions), or show one.
+    Plans(rl_cmd::PlansArgs),
+    /// Reinforcement learning on a verifiable task (GRPO), sampler and trainer each at the
+    /// plan's precision; `rl compare` runs a grid of plans x corrections x seeds.
+    Rl(rl_cmd::RlArgs),
 }
 
 #[derive(Args, Debug)]
@@ -168,6 +177,8 @@ fn main() -> std::process::ExitCode {
         Command::Compare(args) => run_compare(args),
         Command::Sample(args) => run_sample(args),
         Command::Export(args) => export_cmd::run_export(args),
+        Command::Plans(args) => rl_cmd::run_plans(args),
+        Command::Rl(args) => rl_cmd::run_rl(args),
     };
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,

@@ -1,8 +1,10 @@
 //! Text generation from a checkpoint at a chosen precision (the "RL sampler" stage): the
 //! forward pass runs with gradients off and every linear layer's Fprop under the chosen
 //! recipe's policy at progress 0 (so a quantized recipe's late switch to BF16 does not
-//! apply). Temperature and top-k sampling from a seeded xoshiro256** stream; the context is
-//! the last `seq` tokens (no KV cache: each token re-runs the forward pass).
+//! apply). Temperature and top-k sampling from seeded xoshiro256** streams, through the
+//! KV-cache sampler of [`crate::rl::sampler`]; [`Sampler::next_logits`] is the full
+//! recomputation (the whole context re-run for one token), kept as the reference the cache is
+//! tested and benchmarked against.
 
 use std::path::Path;
 
@@ -12,6 +14,8 @@ use serde::{Deserialize, Serialize};
 use crate::checkpoint;
 use crate::model::{Gpt, ModelError, Precision};
 use crate::recipe::Recipe;
+use crate::rl::plan::ActivationScales;
+use crate::rl::sampler::{GenConfig, PolicySampler};
 use crate::rng::Xoshiro256StarStar;
 use crate::train::TrainError;
 
@@ -90,6 +94,12 @@ impl Sampler {
     }
 
     /// Generates `cfg.tokens` tokens after `prompt`; returns only the new tokens.
+    ///
+    /// Runs the KV-cache sampler ([`crate::rl::sampler::PolicySampler`]: weights quantized
+    /// once, a prefill, then one decode step per token). The context is the last `seq - 1`
+    /// tokens of the prompt; when the cache is full, generation continues from a fresh prefill
+    /// of the last `seq / 2` tokens (a context shift), each such window drawing from its own
+    /// random stream (`seed + window`).
     pub fn generate(&mut self, prompt: &[u32], cfg: &SampleConfig) -> Result<Vec<u32>, TrainError> {
         if !(cfg.temperature.is_finite() && cfg.temperature >= 0.0) {
             return Err(TrainError::Sampling(format!(
@@ -99,22 +109,51 @@ impl Sampler {
         }
         if cfg.tokens > MAX_SAMPLE_TOKENS {
             return Err(TrainError::Sampling(format!(
-                "{} tokens requested; at most {MAX_SAMPLE_TOKENS} per call (each token re-runs the forward pass)",
+                "{} tokens requested; at most {MAX_SAMPLE_TOKENS} per call",
                 cfg.tokens
             )));
+        }
+        if prompt.is_empty() {
+            return Err(TrainError::Sampling(
+                "sampling needs a non-empty prompt".into(),
+            ));
         }
         crate::memory::check(
             &format!("sampling {} tokens", cfg.tokens),
             (prompt.len() as u128 + cfg.tokens as u128) * 8,
         )?;
-        let mut rng = Xoshiro256StarStar::seed_from_u64(cfg.seed);
+        let seq = self.model.cfg.seq;
+        let mut sampler = PolicySampler::new(
+            &self.model,
+            &self.ps,
+            self.recipe.clone(),
+            ActivationScales::Dynamic,
+            &[],
+        )?;
         let mut ctx = prompt.to_vec();
-        let mut out = Vec::new();
-        for _ in 0..cfg.tokens {
-            let logits = self.next_logits(&ctx)?;
-            let t = pick(&logits, cfg.temperature, cfg.top_k, &mut rng);
-            ctx.push(t);
-            out.push(t);
+        let mut out = Vec::with_capacity(cfg.tokens);
+        let mut window = 0u64;
+        while out.len() < cfg.tokens {
+            let keep = if window == 0 {
+                seq.saturating_sub(1)
+            } else {
+                seq / 2
+            };
+            let keep = keep.max(1).min(ctx.len());
+            let tail = ctx[ctx.len() - keep..].to_vec();
+            let n = (cfg.tokens - out.len()).min(seq.saturating_sub(keep).max(1));
+            let gen = GenConfig {
+                max_tokens: n,
+                temperature: cfg.temperature,
+                top_k: cfg.top_k,
+                top_p: 1.0,
+                stop: vec![],
+            };
+            let rolls = sampler.generate(&[tail], &gen, cfg.seed.wrapping_add(window))?;
+            let new = &rolls[0].tokens;
+            ctx.extend_from_slice(new);
+            out.extend_from_slice(new);
+            window += 1;
         }
         Ok(out)
     }

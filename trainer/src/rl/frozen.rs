@@ -29,6 +29,7 @@ struct FrozenLinear {
     rows: usize,
     cols: usize,
     factor: f32,
+    quantized: bool,
     policy: GemmPolicy,
     stream: u64,
     x_state: QuantState,
@@ -85,14 +86,14 @@ impl FrozenLinears {
                 key: key(stream, OperandRole::FpropW)?,
                 state: Some(w_state),
             };
-            let factor = fake_operand(op, &mut values)
-                .map_err(|e| ModelError::Autograd(e.into()))?
-                .factor;
+            let wf = fake_operand(op, &mut values).map_err(|e| ModelError::Autograd(e.into()))?;
+            let (factor, quantized) = (wf.factor, wf.quantized);
             layers.push(FrozenLinear {
                 values,
                 rows,
                 cols,
                 factor,
+                quantized,
                 policy,
                 stream,
                 x_state: x_state.clone(),
@@ -122,8 +123,7 @@ impl FrozenLinears {
         self.static_amax.as_deref()
     }
 
-    /// Layer `index` on input `x: [..., in]`; also returns the input's amax (for
-    /// calibration).
+    /// Layer `index` on input `x: [..., in]`; also returns the input's amax.
     pub fn apply(
         &self,
         g: &mut Graph<'_>,
@@ -173,6 +173,7 @@ impl FrozenLinears {
         let wf = FakeOperand {
             values: MatRef::row_major(&l.values, l.rows, l.cols),
             factor: l.factor,
+            quantized: l.quantized,
         };
         let mut y = vec![0.0f32; rows * l.rows];
         quantized_matmul_tn_prequantized(xa, wf, &mut y)

@@ -8,13 +8,19 @@
 //! * [`tasks`]: seeded tasks, rewards, held-out sets, pretraining mixes;
 //! * [`correction`]: importance-sampling corrections and mismatch metrics;
 //! * [`grpo`]: advantages and the clipped policy-gradient loss;
-//! * [`run`]: the RL loop, checkpoints with bitwise resume, metrics;
-//! * [`compare`]: a grid of plans x corrections x seeds and its report.
+//! * [`config`], [`run`], [`checkpoint`], [`metrics`]: the RL loop, its settings, checkpoints
+//!   with bitwise resume, metrics;
+//! * [`compare`]: the report of a grid of plans x corrections x seeds.
 
+pub mod checkpoint;
+pub mod compare;
+pub mod config;
 pub mod correction;
 pub mod frozen;
 pub mod grpo;
 pub mod kv_cache;
+pub mod metrics;
 pub mod plan;
+pub mod run;
 pub mod sampler;
 pub mod tasks;

@@ -202,7 +202,8 @@ impl PolicySampler {
 
     /// Weight sync: copies the policy's parameters from `ps`, quantizes every weight once
     /// and, with static activation scales, calibrates each linear layer's input amax on
-    /// `calibration` (whole sequences, one batch per length) with the new weights.
+    /// `calibration` (whole sequences, one batch per length) with the new weights, through
+    /// [`crate::calibrate::input_amax`] in FP32.
     pub fn sync(&mut self, ps: &ParamStore, calibration: &[Vec<u32>]) -> Result<(), ModelError> {
         self.ps.import(&ps.export())?;
         self.frozen = FrozenLinears::new(&self.model, &self.ps, &self.recipe)?;
@@ -212,16 +213,28 @@ impl PolicySampler {
                     "static activation scales need calibration sequences".into(),
                 ));
             }
-            let mut amax = vec![0.0f32; self.model.linears().len()];
-            for (len, rows) in by_length(calibration) {
-                let tokens: Vec<u32> = rows.iter().flat_map(|&i| calibration[i].clone()).collect();
-                let mut cache = KvCache::new(&self.model.cfg, rows.len(), len)
-                    .map_err(|e| ModelError::Invalid(e.to_string()))?;
-                self.forward(&tokens, rows.len(), &mut cache, Some(&mut amax))?;
-            }
-            let amax = amax
+            // trainer::calibrate's per-linear input amax, in FP32 (as ModelOpt's max
+            // calibration observes the unquantized model), one batch per sequence length
+            let batches: Vec<crate::data::Batch> = by_length(calibration)
                 .into_iter()
-                .map(|a| if a > 0.0 { a } else { 1.0 })
+                .map(|(len, rows)| {
+                    let inputs: Vec<u32> =
+                        rows.iter().flat_map(|&i| calibration[i].clone()).collect();
+                    crate::data::Batch {
+                        targets: inputs.clone(),
+                        inputs,
+                        batch: rows.len(),
+                        seq: len,
+                    }
+                })
+                .collect();
+            let fp32 = Recipe::builtin("fp32").expect("built-in recipe");
+            let amax = crate::calibrate::input_amax(&self.model, &mut self.ps, &fp32, batches)
+                .map_err(|e| {
+                    ModelError::Invalid(format!("calibrating static activation scales: {e}"))
+                })?
+                .into_iter()
+                .map(|a| a.amax)
                 .collect();
             self.frozen.set_static_amax(amax)?;
         }

@@ -4,8 +4,8 @@
 //! puts before every example, so it acts as a start token) and ends with `=`, and an answer
 //! that the model must write followed by `\n` (the stop token).
 //!
-//! * `add`: `\n417+86=` → `503`. Operands have 1 to `digits` digits (each length equally
-//!   likely, then uniform), answer in decimal without leading zeros.
+//! * `add`: `\n47+8=` → `55`. Operands have 1 or 2 digits (each length equally likely, then
+//!   uniform), answer in decimal without leading zeros.
 //! * `reverse`: `\nrev tqbxa=` → `axbqt`: 3 to 8 lowercase letters written backwards (the
 //!   answer's first letter is the prompt's last: long-range copying in reverse order).
 //!
@@ -29,7 +29,7 @@ pub const TASK_NAMES: [&str; 2] = ["add", "reverse"];
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum Task {
-    /// Multi-digit addition with operands of up to 3 digits.
+    /// Addition of operands of up to 2 digits.
     Add,
     /// Reversing a string of 3 to 8 letters.
     Reverse,
@@ -87,7 +87,7 @@ impl Task {
     /// New tokens a correct answer needs at most, stop token included.
     pub fn max_answer_tokens(self) -> usize {
         match self {
-            Task::Add => 5,
+            Task::Add => 4,
             Task::Reverse => 9,
         }
     }
@@ -96,7 +96,7 @@ impl Task {
         match self {
             Task::Add => {
                 let mut operand = || {
-                    let digits = 1 + rng.below(3) as u32;
+                    let digits = 1 + rng.below(2) as u32;
                     let lo = if digits == 1 {
                         0
                     } else {

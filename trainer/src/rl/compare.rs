@@ -1,0 +1,246 @@
+//! The report of `trainer rl compare`: a grid of plans x corrections x seeds, each run in
+//! `OUT/<plan>-<correction>/seed<k>/`, summarized in `OUT/report.md` with SVG curves
+//! (held-out and rollout pass rates, mismatch) averaged over seeds.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+
+use super::config::{io_err, RlError};
+use super::correction::Correction;
+use super::metrics::{self, EvalRecord, RlSummary, StepRecord};
+
+/// One run of the grid.
+#[derive(Clone, Debug)]
+pub struct GridRun {
+    /// The plan as given (name or file).
+    pub plan: String,
+    /// The plan's name.
+    pub plan_name: String,
+    /// The correction.
+    pub correction: Correction,
+    /// The seed.
+    pub seed: u64,
+    /// Its directory.
+    pub dir: PathBuf,
+}
+
+struct Loaded {
+    summary: RlSummary,
+    steps: Vec<StepRecord>,
+    evals: Vec<EvalRecord>,
+}
+
+fn mean_sd(v: &[f64]) -> (f64, f64) {
+    let n = v.len() as f64;
+    let m = v.iter().sum::<f64>() / n;
+    let sd = if v.len() > 1 {
+        (v.iter().map(|x| (x - m).powi(2)).sum::<f64>() / (n - 1.0)).sqrt()
+    } else {
+        f64::NAN
+    };
+    (m, sd)
+}
+
+fn mean_curve(curves: &[Vec<(f64, f64)>]) -> Vec<(f64, f64)> {
+    let n = curves.iter().map(|c| c.len()).min().unwrap_or(0);
+    (0..n)
+        .map(|i| {
+            let x = curves[0][i].0;
+            let y = curves.iter().map(|c| c[i].1).sum::<f64>() / curves.len() as f64;
+            (x, y)
+        })
+        .collect()
+}
+
+fn ema(points: Vec<(f64, f64)>, alpha: f64) -> Vec<(f64, f64)> {
+    let mut acc = None;
+    points
+        .into_iter()
+        .map(|(x, y)| {
+            let v = match acc {
+                None => y,
+                Some(a) => alpha * y + (1.0 - alpha) * a,
+            };
+            acc = Some(v);
+            (x, v)
+        })
+        .collect()
+}
+
+/// Writes `OUT/report.md` and the SVGs from the runs that finished; returns the report path.
+pub fn write_report(out: &Path, grid: &[GridRun], from: &Path) -> Result<PathBuf, RlError> {
+    let mut groups: BTreeMap<(String, String), Vec<(u64, Loaded)>> = BTreeMap::new();
+    let mut missing = Vec::new();
+    let mut order: Vec<(String, String)> = Vec::new();
+    for r in grid {
+        let key = (r.plan_name.clone(), r.correction.name().to_string());
+        if !order.contains(&key) {
+            order.push(key.clone());
+        }
+        let sp = r.dir.join("summary.json");
+        let Ok(text) = std::fs::read_to_string(&sp) else {
+            missing.push(format!("{} {} seed {}", key.0, key.1, r.seed));
+            continue;
+        };
+        let summary: RlSummary = serde_json::from_str(&text)
+            .map_err(|e| RlError::Invalid(format!("{}: {e}", sp.display())))?;
+        let steps = metrics::read(&r.dir.join("metrics.jsonl"))?;
+        let evals = metrics::read(&r.dir.join("eval.jsonl"))?;
+        groups.entry(key).or_default().push((
+            r.seed,
+            Loaded {
+                summary,
+                steps,
+                evals,
+            },
+        ));
+    }
+    let reference = order
+        .iter()
+        .find(|(p, c)| p == "bf16" && c == "none")
+        .cloned();
+    let ref_final: BTreeMap<u64, f64> = reference
+        .as_ref()
+        .and_then(|k| groups.get(k))
+        .map(|runs| {
+            runs.iter()
+                .map(|(s, l)| (*s, l.summary.final_pass_rate))
+                .collect()
+        })
+        .unwrap_or_default();
+    let mut s = String::new();
+    let _ = writeln!(s, "# RL comparison\n");
+    let _ = writeln!(
+        s,
+        "Start: `{}`. Held-out pass rate: greedy decoding of the fixed held-out prompts by a BF16 copy of the policy (the same evaluator for every plan). Mean ± sample standard deviation over seeds; the gap to `bf16`/`none` is paired by seed (mean ± standard error).\n",
+        from.display()
+    );
+    let _ = writeln!(
+        s,
+        "| plan | correction | seeds | held-out before | held-out after | gain | gap to bf16 | mean abs dlogp | k3 KL | bitwise-different | sampler tok/s | trainer tok/s |"
+    );
+    let _ = writeln!(
+        s,
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+    );
+    for key in &order {
+        let Some(runs) = groups.get(key) else {
+            continue;
+        };
+        let f: Vec<f64> = runs
+            .iter()
+            .map(|(_, l)| l.summary.final_pass_rate)
+            .collect();
+        let i: Vec<f64> = runs
+            .iter()
+            .map(|(_, l)| l.summary.initial_pass_rate)
+            .collect();
+        let gain: Vec<f64> = f.iter().zip(&i).map(|(a, b)| a - b).collect();
+        let (fm, fsd) = mean_sd(&f);
+        let (im, _) = mean_sd(&i);
+        let (gm, gsd) = mean_sd(&gain);
+        let gaps: Vec<f64> = runs
+            .iter()
+            .filter_map(|(seed, l)| ref_final.get(seed).map(|r| l.summary.final_pass_rate - r))
+            .collect();
+        let gap = if gaps.is_empty() || Some(key) == reference.as_ref() {
+            "-".to_string()
+        } else {
+            let (m, sd) = mean_sd(&gaps);
+            format!("{:+.3} ± {:.3}", m, sd / (gaps.len() as f64).sqrt())
+        };
+        let avg = |g: &dyn Fn(&RlSummary) -> f64| {
+            runs.iter().map(|(_, l)| g(&l.summary)).sum::<f64>() / runs.len() as f64
+        };
+        let _ = writeln!(
+            s,
+            "| {} | {} | {} | {:.3} | {:.3} ± {:.3} | {:+.3} ± {:.3} | {} | {:.2e} | {:.2e} | {:.3} | {:.0} | {:.0} |",
+            key.0,
+            key.1,
+            runs.len(),
+            im,
+            fm,
+            fsd,
+            gm,
+            gsd,
+            gap,
+            avg(&|x| x.mean_abs_dlogp),
+            avg(&|x| x.k3),
+            avg(&|x| x.frac_bitwise_different),
+            avg(&|x| x.sampler_tokens_per_s),
+            avg(&|x| x.trainer_tokens_per_s),
+        );
+    }
+    if !missing.is_empty() {
+        let _ = writeln!(s, "\nNot finished: {}.", missing.join(", "));
+    }
+    let _ = writeln!(
+        s,
+        "\nPlots: `pass.svg` (held-out pass rate), `reward.svg` (rollout pass rate, EMA 0.2), `mismatch.svg` (mean |logp_sampler - logp_trainer| per step), `k3.svg` (k3 KL estimator per step); curves are means over seeds."
+    );
+    let series = |f: &dyn Fn(&Loaded) -> Vec<(f64, f64)>| -> Vec<(String, Vec<(f64, f64)>)> {
+        order
+            .iter()
+            .filter_map(|k| {
+                let runs = groups.get(k)?;
+                let curves: Vec<Vec<(f64, f64)>> = runs.iter().map(|(_, l)| f(l)).collect();
+                Some((format!("{} / {}", k.0, k.1), mean_curve(&curves)))
+            })
+            .collect()
+    };
+    let plot = |name: &str, title: &str, y: &str, data: Vec<(String, Vec<(f64, f64)>)>| {
+        crate::report::plot_lines(&out.join(name), title, "step", y, &data)
+            .map_err(|e| RlError::Invalid(e.to_string()))
+    };
+    plot(
+        "pass.svg",
+        "held-out pass rate",
+        "pass rate",
+        series(&|l| {
+            l.evals
+                .iter()
+                .map(|e| (e.step as f64, e.pass_rate))
+                .collect()
+        }),
+    )?;
+    plot(
+        "reward.svg",
+        "rollout pass rate (EMA)",
+        "pass rate",
+        series(&|l| {
+            ema(
+                l.steps
+                    .iter()
+                    .map(|r| (r.step as f64, r.pass_rate))
+                    .collect(),
+                0.2,
+            )
+        }),
+    )?;
+    plot(
+        "mismatch.svg",
+        "sampler/trainer mismatch",
+        "mean |dlogp|",
+        series(&|l| {
+            l.steps
+                .iter()
+                .map(|r| (r.step as f64, r.mismatch.mean_abs_dlogp))
+                .collect()
+        }),
+    )?;
+    plot(
+        "k3.svg",
+        "k3 KL(sampler || trainer)",
+        "k3",
+        series(&|l| {
+            l.steps
+                .iter()
+                .map(|r| (r.step as f64, r.mismatch.k3))
+                .collect()
+        }),
+    )?;
+    let path = out.join("report.md");
+    crate::rundir::write_atomic(&path, s.as_bytes()).map_err(io_err(&path))?;
+    Ok(path)
+}

@@ -1,0 +1,455 @@
+//! `trainer plans` and `trainer rl` (run, pretrain + run, resume, compare).
+
+use std::path::{Path, PathBuf};
+use std::process::Command as Process;
+
+use anyhow::{bail, Context, Result};
+use clap::{Args, Subcommand};
+use trainer::data::DataSource;
+use trainer::recipe::Recipe;
+use trainer::rl::compare::{write_report, GridRun};
+use trainer::rl::config::RlConfig;
+use trainer::rl::correction::Correction;
+use trainer::rl::plan::Plan;
+use trainer::rl::run::{RlOptions, RlRun};
+use trainer::rl::tasks::Task;
+use trainer::train::{RunConfig, TrainOptions, Trainer};
+
+/// `trainer plans`.
+#[derive(Args, Debug)]
+pub struct PlansArgs {
+    #[command(subcommand)]
+    command: Option<PlansCommand>,
+}
+
+#[derive(Subcommand, Debug)]
+enum PlansCommand {
+    /// List the built-in stage plans (the default).
+    List,
+    /// Print a plan (built-in name or TOML file) as TOML.
+    Show {
+        /// A built-in plan name or the path of a TOML plan file.
+        name: String,
+    },
+}
+
+/// Prints the plans.
+pub fn run_plans(args: PlansArgs) -> Result<()> {
+    match args.command.unwrap_or(PlansCommand::List) {
+        PlansCommand::List => {
+            for p in Plan::builtins() {
+                println!("{:<20} {}", p.name, p.description);
+            }
+        }
+        PlansCommand::Show { name } => print!("{}", Plan::resolve(&name)?.to_toml()),
+    }
+    Ok(())
+}
+
+/// RL settings shared by `rl` and `rl compare` (override `--config`).
+#[derive(Args, Debug, Clone, Default)]
+pub struct RlSettings {
+    /// RL settings file (TOML, the fields of `rl.toml`).
+    #[arg(long)]
+    config: Option<PathBuf>,
+    /// Task: add or reverse.
+    #[arg(long)]
+    task: Option<String>,
+    /// Policy-gradient steps.
+    #[arg(long)]
+    steps: Option<u64>,
+    /// Prompts per step.
+    #[arg(long)]
+    prompts: Option<usize>,
+    /// Completions per prompt (G >= 2).
+    #[arg(long)]
+    group: Option<usize>,
+    /// Learning rate.
+    #[arg(long)]
+    lr: Option<f32>,
+    /// Optimizer updates (minibatches) per batch.
+    #[arg(long)]
+    minibatches: Option<usize>,
+    /// KL penalty to the initial policy.
+    #[arg(long)]
+    kl_coef: Option<f64>,
+    /// Do not divide advantages by the group's standard deviation.
+    #[arg(long)]
+    no_std: bool,
+    /// The correction's bound C.
+    #[arg(long)]
+    correction_c: Option<f64>,
+    /// Evaluate and checkpoint every N steps.
+    #[arg(long)]
+    eval_every: Option<u64>,
+    /// Held-out prompts.
+    #[arg(long)]
+    eval_prompts: Option<usize>,
+}
+
+impl RlSettings {
+    fn resolve(&self, seed: Option<u64>, correction: Option<&str>) -> Result<RlConfig> {
+        let mut c = match &self.config {
+            Some(p) => {
+                let text =
+                    std::fs::read_to_string(p).with_context(|| format!("{}", p.display()))?;
+                toml::from_str(&text).map_err(|e| anyhow::anyhow!("{}: {e}", p.display()))?
+            }
+            None => RlConfig::default(),
+        };
+        if let Some(t) = &self.task {
+            c.task = Task::from_name(t)?;
+        }
+        macro_rules! set {
+            ($($f:ident),*) => { $(if let Some(v) = self.$f { c.$f = v; })* };
+        }
+        set!(
+            steps,
+            prompts,
+            group,
+            lr,
+            minibatches,
+            kl_coef,
+            correction_c,
+            eval_every,
+            eval_prompts
+        );
+        if self.no_std {
+            c.scale_std = false;
+        }
+        if let Some(s) = seed {
+            c.seed = s;
+        }
+        if let Some(k) = correction {
+            c.correction = Correction::from_name(k).map_err(anyhow::Error::msg)?;
+        }
+        c.validate()?;
+        Ok(c)
+    }
+
+    fn to_args(&self) -> Vec<String> {
+        let mut a = Vec::new();
+        let mut push = |k: &str, v: Option<String>| {
+            if let Some(v) = v {
+                a.push(format!("--{k}"));
+                a.push(v);
+            }
+        };
+        push(
+            "config",
+            self.config.as_ref().map(|p| p.display().to_string()),
+        );
+        push("task", self.task.clone());
+        push("steps", self.steps.map(|v| v.to_string()));
+        push("prompts", self.prompts.map(|v| v.to_string()));
+        push("group", self.group.map(|v| v.to_string()));
+        push("lr", self.lr.map(|v| v.to_string()));
+        push("minibatches", self.minibatches.map(|v| v.to_string()));
+        push("kl-coef", self.kl_coef.map(|v| v.to_string()));
+        push("correction-c", self.correction_c.map(|v| v.to_string()));
+        push("eval-every", self.eval_every.map(|v| v.to_string()));
+        push("eval-prompts", self.eval_prompts.map(|v| v.to_string()));
+        if self.no_std {
+            a.push("--no-std".into());
+        }
+        a
+    }
+}
+
+/// `trainer rl`.
+#[derive(Args, Debug)]
+#[command(args_conflicts_with_subcommands = true)]
+pub struct RlArgs {
+    #[command(subcommand)]
+    command: Option<RlCommand>,
+    #[command(flatten)]
+    run: RlRunArgs,
+}
+
+#[derive(Subcommand, Debug)]
+enum RlCommand {
+    /// A grid of plans x corrections x seeds from one checkpoint, and its report.
+    Compare(RlCompareArgs),
+}
+
+#[derive(Args, Debug, Default)]
+struct RlRunArgs {
+    /// Pretraining checkpoint or run directory to start from.
+    #[arg(long, conflicts_with_all = ["resume", "pretrain_steps"])]
+    from: Option<PathBuf>,
+    /// Pretrain the starting model first (on the task's mix, the plan's pretrain recipe) for
+    /// this many steps into OUT/pretrain.
+    #[arg(long)]
+    pretrain_steps: Option<u64>,
+    /// Model preset of --pretrain-steps.
+    #[arg(long, default_value = "small")]
+    preset: String,
+    /// Continue the RL run in this directory.
+    #[arg(long)]
+    resume: Option<PathBuf>,
+    /// Stage plan: a built-in name or a TOML file.
+    #[arg(long, default_value = "bf16")]
+    plan: String,
+    /// Off-policy correction: none, token-tis, token-mis, seq-tis, seq-mis.
+    #[arg(long)]
+    correction: Option<String>,
+    /// Seed.
+    #[arg(long)]
+    seed: Option<u64>,
+    /// Run directory.
+    #[arg(long)]
+    out: Option<PathBuf>,
+    /// Worker threads.
+    #[arg(long)]
+    threads: Option<usize>,
+    /// No progress bar.
+    #[arg(long)]
+    quiet: bool,
+    #[command(flatten)]
+    settings: RlSettings,
+}
+
+#[derive(Args, Debug)]
+struct RlCompareArgs {
+    /// Pretraining checkpoint or run directory every run starts from.
+    #[arg(long)]
+    from: PathBuf,
+    /// Plans, comma-separated.
+    #[arg(long, default_value = "bf16,bf16-mxfp8,bf16-nvfp4")]
+    plans: String,
+    /// Corrections, comma-separated (a plan whose sampler and trainer run the same recipe
+    /// with dynamic scales has no mismatch; it runs `none` only).
+    #[arg(long, default_value = "none,token-tis")]
+    corrections: String,
+    /// Seeds seed..seed+N-1.
+    #[arg(long, default_value_t = 3)]
+    seeds: u64,
+    /// First seed.
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+    /// Runs at once (separate processes, one thread each).
+    #[arg(long, default_value_t = 1)]
+    jobs: usize,
+    /// Report folder.
+    #[arg(long)]
+    out: PathBuf,
+    #[command(flatten)]
+    settings: RlSettings,
+}
+
+fn set_threads(threads: Option<usize>) -> Result<()> {
+    if let Some(n) = threads {
+        if n == 0 || n > 1024 {
+            bail!("--threads must be in 1..=1024, got {n}");
+        }
+        std::env::set_var("MATMUL_NUM_THREADS", n.to_string());
+        rayon::ThreadPoolBuilder::new()
+            .num_threads(n)
+            .build_global()
+            .context("setting up the thread pool")?;
+    }
+    Ok(())
+}
+
+/// Runs `trainer rl`.
+pub fn run_rl(args: RlArgs) -> Result<()> {
+    match args.command {
+        Some(RlCommand::Compare(c)) => run_rl_compare(c),
+        None => run_rl_run(args.run),
+    }
+}
+
+fn pretrain(a: &RlRunArgs, plan: &Plan, cfg: &RlConfig, out: &Path, steps: u64) -> Result<PathBuf> {
+    let dir = out.join("pretrain");
+    if dir.join("summary.json").is_file() {
+        eprintln!("reusing the finished pretraining run {}", dir.display());
+        return Ok(dir);
+    }
+    std::fs::create_dir_all(out)?;
+    let mix_path = out.join("pretrain-mix.txt");
+    let mix = cfg.task.mix(cfg.seed, 50_000, 200_000);
+    std::fs::write(&mix_path, mix).with_context(|| mix_path.display().to_string())?;
+    let mut rc = RunConfig::preset(&a.preset)?;
+    rc.train.steps = steps;
+    rc.train.seed = cfg.seed;
+    rc.train.warmup_steps = rc.train.warmup_steps.min(steps);
+    rc.train.eval_every = steps.div_ceil(4).max(1);
+    rc.data = DataSource::Text {
+        path: std::fs::canonicalize(&mix_path)?,
+    };
+    let recipe: Recipe = plan.recipe("pretrain")?;
+    eprintln!(
+        "pretraining {} ({} steps, recipe {}) on the {} mix -> {}",
+        a.preset,
+        steps,
+        recipe.name,
+        cfg.task.name(),
+        dir.display()
+    );
+    let mut t = Trainer::new(
+        rc,
+        recipe,
+        TrainOptions {
+            out: dir.clone(),
+            quiet: a.quiet,
+            stop_after: None,
+        },
+    )?;
+    let s = t.run()?;
+    eprintln!("pretraining done: validation loss {:.4}", s.final_val_loss);
+    Ok(dir)
+}
+
+fn run_rl_run(a: RlRunArgs) -> Result<()> {
+    set_threads(a.threads)?;
+    trainer::interrupt::install_handlers().ok();
+    let opts = RlOptions {
+        quiet: a.quiet,
+        stop_after: None,
+        nan_reward_at: std::env::var("NIBBLE_TEST_NAN_REWARD_AT")
+            .ok()
+            .and_then(|s| s.parse().ok()),
+    };
+    let mut run = if let Some(dir) = &a.resume {
+        if a.seed.is_some() || a.correction.is_some() || a.out.is_some() {
+            bail!("--resume continues a run with its own settings; drop --seed, --correction and --out");
+        }
+        RlRun::resume(dir, opts)?
+    } else {
+        let Some(out) = a.out.clone() else {
+            bail!("trainer rl needs --out DIR (or --resume DIR)");
+        };
+        let plan = Plan::resolve(&a.plan)?;
+        let cfg = a.settings.resolve(a.seed, a.correction.as_deref())?;
+        let from = match (&a.from, a.pretrain_steps) {
+            (Some(f), _) => f.clone(),
+            (None, Some(n)) => pretrain(&a, &plan, &cfg, &out, n)?,
+            (None, None) => {
+                bail!("trainer rl needs --from CHECKPOINT, --pretrain-steps N or --resume DIR")
+            }
+        };
+        eprintln!(
+            "RL on task {} with plan {} (sampler {}, trainer {}), correction {}, {} steps x {} prompts x {} completions -> {}",
+            cfg.task.name(),
+            plan.name,
+            plan.sampler.recipe,
+            plan.rl_trainer,
+            cfg.correction.name(),
+            cfg.steps,
+            cfg.prompts,
+            cfg.group,
+            out.display()
+        );
+        RlRun::new(cfg, plan, &from, &out, opts)?
+    };
+    let s = run.run()?;
+    println!(
+        "held-out pass rate {:.3} -> {:.3} in {:.0} s; mean |dlogp| {:.3e}, k3 {:.3e}, bitwise-different {:.3}",
+        s.initial_pass_rate, s.final_pass_rate, s.seconds, s.mean_abs_dlogp, s.k3, s.frac_bitwise_different
+    );
+    println!("metrics: {}", run.out_dir().join("metrics.jsonl").display());
+    Ok(())
+}
+
+fn run_rl_compare(c: RlCompareArgs) -> Result<()> {
+    if c.seeds == 0 || c.seeds > 1000 || c.jobs == 0 || c.jobs > 64 {
+        bail!("--seeds must be in 1..=1000 and --jobs in 1..=64");
+    }
+    let mut grid = Vec::new();
+    for p in c.plans.split(',') {
+        let plan = Plan::resolve(p.trim())?;
+        let same = plan.sampler.recipe == plan.rl_trainer
+            && plan.sampler.activation_scales == trainer::rl::plan::ActivationScales::Dynamic;
+        for k in c.corrections.split(',') {
+            let k = Correction::from_name(k.trim()).map_err(anyhow::Error::msg)?;
+            if same && k != Correction::None {
+                continue;
+            }
+            for s in c.seed..c.seed + c.seeds {
+                c.settings.resolve(Some(s), Some(k.name()))?;
+                grid.push(GridRun {
+                    plan: p.trim().to_string(),
+                    plan_name: plan.name.clone(),
+                    correction: k,
+                    seed: s,
+                    dir: c
+                        .out
+                        .join(format!("{}-{}", plan.name, k.name()))
+                        .join(format!("seed{s}")),
+                });
+            }
+        }
+    }
+    std::fs::create_dir_all(&c.out)?;
+    let exe = std::env::current_exe()?;
+    let mut pending: Vec<&GridRun> = grid.iter().collect();
+    let mut running: Vec<(std::process::Child, &GridRun)> = Vec::new();
+    let mut failed = Vec::new();
+    while !pending.is_empty() || !running.is_empty() {
+        while running.len() < c.jobs && !pending.is_empty() {
+            let r = pending.remove(0);
+            if r.dir.join("summary.json").is_file() {
+                continue;
+            }
+            let mut cmd = Process::new(&exe);
+            cmd.arg("rl").arg("--quiet").arg("--threads").arg("1");
+            if trainer::rl::checkpoint::resolve(&r.dir).is_some() {
+                cmd.arg("--resume").arg(&r.dir);
+            } else {
+                let _ = std::fs::remove_dir_all(&r.dir);
+                cmd.arg("--from")
+                    .arg(&c.from)
+                    .arg("--plan")
+                    .arg(&r.plan)
+                    .arg("--correction")
+                    .arg(r.correction.name())
+                    .arg("--seed")
+                    .arg(r.seed.to_string())
+                    .arg("--out")
+                    .arg(&r.dir)
+                    .args(c.settings.to_args());
+            }
+            std::fs::create_dir_all(&r.dir)?;
+            let log = std::fs::File::create(r.dir.with_extension("log"))?;
+            cmd.stdout(log.try_clone()?).stderr(log);
+            eprintln!(
+                "start {} {} seed {}",
+                r.plan_name,
+                r.correction.name(),
+                r.seed
+            );
+            running.push((cmd.spawn()?, r));
+        }
+        std::thread::sleep(std::time::Duration::from_millis(200));
+        let mut still = Vec::new();
+        for (mut ch, r) in running {
+            match ch.try_wait()? {
+                Some(st) => {
+                    eprintln!(
+                        "done {} {} seed {}: {st}",
+                        r.plan_name,
+                        r.correction.name(),
+                        r.seed
+                    );
+                    if !st.success() {
+                        failed.push(format!(
+                            "{} {} seed {} (log: {})",
+                            r.plan_name,
+                            r.correction.name(),
+                            r.seed,
+                            r.dir.with_extension("log").display()
+                        ));
+                    }
+                }
+                None => still.push((ch, r)),
+            }
+        }
+        running = still;
+    }
+    let report = write_report(&c.out, &grid, &c.from)?;
+    println!("report: {}", report.display());
+    if !failed.is_empty() {
+        bail!("{} runs failed: {}", failed.len(), failed.join("; "));
+    }
+    Ok(())
+}
