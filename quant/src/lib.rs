@@ -9,6 +9,7 @@
 #![warn(missing_docs)]
 
 pub mod config;
+mod describe;
 mod error;
 pub mod gemm;
 pub mod tensor;
@@ -25,6 +26,7 @@ pub mod stats;
 pub mod hadamard;
 pub mod nvfp4;
 pub mod philox;
+pub mod presets;
 
 pub use config::{
     AmaxAlgo, BlockError, BlockShape, FourOverSix, Fp8Element, Fp8Scaling, GemmOperands,

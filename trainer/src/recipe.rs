@@ -48,7 +48,7 @@
 //!
 //! A recipe file has the fields of [`Recipe`] (unknown fields are errors). Policies can be
 //! written in full, per operand, in the serde form of `quant`'s configuration, or as the name
-//! of a preset ([`POLICY_PRESETS`]: `"fp32"`, `"bf16"`, `"nvfp4"`, ...). A file may start
+//! of a preset ([`GemmPolicy::PRESET_NAMES`]: `"fp32"`, `"bf16"`, `"nvfp4"`, ...). A file may start
 //! from a built-in with `base = "NAME"`: its tables are merged key by key into the
 //! built-in's (arrays such as `overrides` are replaced as a whole):
 //!
@@ -123,7 +123,7 @@ const BUILTINS: &[(&str, BuildRecipe)] = &[
             name,
             "per-tensor FP8 HYBRID (E4M3 X/W, E5M2 dY), delayed scaling: history 16, \
              margin 0, max; LM head BF16",
-            fp8_delayed_hybrid(FP8_DELAYED_HISTORY),
+            GemmPolicy::fp8_delayed_hybrid(FP8_DELAYED_HISTORY),
         )
     }),
     ("fp8-current", |name| {
@@ -145,7 +145,7 @@ const BUILTINS: &[(&str, BuildRecipe)] = &[
             name,
             "Tseng et al.: BF16 forward; backward GEMMs in MXFP4 with SR (3/4 prescale), \
              RHT on Wgrad; LM head BF16",
-            mxfp4_tseng(),
+            GemmPolicy::mxfp4_tseng(),
         )
     }),
     ("nvfp4", |name| {
@@ -204,25 +204,6 @@ const BUILTINS: &[(&str, BuildRecipe)] = &[
 /// the built-in table).
 pub const BUILTIN_NAMES: [&str; BUILTINS.len()] = names_of(BUILTINS);
 
-/// Builds a preset policy.
-type BuildPolicy = fn() -> GemmPolicy;
-
-/// The policies a name can stand for in TOML instead of six operand tables: one row per
-/// preset, its name and its definition.
-const PRESETS: &[(&str, BuildPolicy)] = &[
-    ("fp32", || GemmPolicy::FP32),
-    ("bf16", || GemmPolicy::BF16),
-    ("fp8-current", GemmPolicy::fp8_current_hybrid),
-    ("fp8-delayed", || fp8_delayed_hybrid(FP8_DELAYED_HISTORY)),
-    ("mxfp8", GemmPolicy::mxfp8),
-    ("mxfp4", mxfp4_tseng),
-    ("nvfp4", GemmPolicy::nvfp4_paper),
-];
-
-/// Names a policy can be written as in TOML instead of six operand tables (the names of
-/// the preset table, in its order).
-pub const POLICY_PRESETS: [&str; PRESETS.len()] = names_of(PRESETS);
-
 /// The first column of a name table, at compile time.
 const fn names_of<T, const N: usize>(table: &[(&'static str, T)]) -> [&'static str; N] {
     let mut out = [""; N];
@@ -235,7 +216,7 @@ const fn names_of<T, const N: usize>(table: &[(&'static str, T)]) -> [&'static s
 }
 
 /// Amax history length of the built-in `fp8-delayed` recipe (see the module docs).
-pub const FP8_DELAYED_HISTORY: usize = 16;
+pub use quant::presets::FP8_DELAYED_HISTORY;
 
 /// Fraction of the training tokens after which the built-in `nvfp4` recipes switch to BF16.
 pub const NVFP4_SWITCH_AT: f64 = 0.8;
@@ -490,68 +471,13 @@ pub struct Recipe {
 // ----------------------------------------------------------------------------------------
 // Policies.
 
-/// Per-tensor FP8 HYBRID with delayed scaling (margin 0, `max` over `history_len` steps).
-pub fn fp8_delayed_hybrid(history_len: usize) -> GemmPolicy {
-    let scaling = Fp8Scaling::Delayed {
-        history_len,
-        margin: 0,
-        algo: AmaxAlgo::Max,
-    };
-    let fwd = OperandQuant {
-        format: QuantFormat::Fp8 {
-            element: Fp8Element::E4M3,
-            scaling,
-        },
-        ..OperandQuant::F32
-    };
-    let grad = OperandQuant {
-        format: QuantFormat::Fp8 {
-            element: Fp8Element::E5M2,
-            scaling,
-        },
-        ..OperandQuant::F32
-    };
-    GemmPolicy {
-        fprop: GemmOperands { a: fwd, b: fwd },
-        dgrad: GemmOperands { a: grad, b: fwd },
-        wgrad: GemmOperands { a: grad, b: fwd },
-    }
-}
-
-/// Tseng et al.'s MXFP4 recipe: BF16 Fprop; every Dgrad and Wgrad operand in MXFP4 (FLOOR
-/// scales) with stochastic rounding and the 3/4 prescale; RHT (fixed signs) on both Wgrad
-/// operands.
-pub fn mxfp4_tseng() -> GemmPolicy {
-    let sr = OperandQuant {
-        format: QuantFormat::Mx {
-            element: MxElement::E2M1,
-            rule: ScaleRule::Floor,
-            sr_prescale: true,
-        },
-        block: BlockShape::Row32,
-        rounding: RoundingMode::Stochastic,
-        rht: Rht::Off,
-    };
-    let sr_rht = sr.with_rht(Rht::FixedSigns);
-    GemmPolicy {
-        fprop: GemmOperands {
-            a: OperandQuant::BF16,
-            b: OperandQuant::BF16,
-        },
-        dgrad: GemmOperands { a: sr, b: sr },
-        wgrad: GemmOperands {
-            a: sr_rht,
-            b: sr_rht,
-        },
-    }
-}
-
-/// The policy a preset name stands for ([`POLICY_PRESETS`]).
-pub fn policy_preset(name: &str) -> Option<GemmPolicy> {
-    PRESETS
-        .iter()
-        .find(|(n, _)| *n == name)
-        .map(|(_, policy)| policy())
+/// [`GemmPolicy::validate`]'s message without the error's prefix (the recipe's own error
+/// adds the field path).
+fn validate_policy(p: &GemmPolicy) -> Result<(), String> {
+    p.validate().map_err(|e| match e {
+        quant::QuantError::InvalidConfig(m) => m,
+        e => e.to_string(),
+    })
 }
 
 fn is_zero(n: &usize) -> bool {
@@ -579,14 +505,14 @@ fn de_policy<'de, D: Deserializer<'de>>(deserializer: D) -> Result<GemmPolicy, D
             write!(
                 f,
                 "a policy preset name ({}) or a table with fprop, dgrad, wgrad",
-                POLICY_PRESETS.join(", ")
+                GemmPolicy::PRESET_NAMES.join(", ")
             )
         }
         fn visit_str<E: serde::de::Error>(self, s: &str) -> Result<GemmPolicy, E> {
-            policy_preset(s).ok_or_else(|| {
+            GemmPolicy::preset(s).ok_or_else(|| {
                 E::custom(format!(
                     "unknown policy preset '{s}'; valid: {}",
-                    POLICY_PRESETS.join(", ")
+                    GemmPolicy::PRESET_NAMES.join(", ")
                 ))
             })
         }
@@ -595,123 +521,6 @@ fn de_policy<'de, D: Deserializer<'de>>(deserializer: D) -> Result<GemmPolicy, D
         }
     }
     deserializer.deserialize_any(V)
-}
-
-/// The usage (layout) of each of the six operand slots, with a label for messages.
-pub const OPERAND_SLOTS: [(&str, Usage); 6] = [
-    ("fprop.a (X)", Usage::Rowwise),
-    ("fprop.b (W)", Usage::Rowwise),
-    ("dgrad.a (dY)", Usage::Rowwise),
-    ("dgrad.b (W)", Usage::Columnwise),
-    ("wgrad.a (dY)", Usage::Columnwise),
-    ("wgrad.b (X)", Usage::Columnwise),
-];
-
-/// The six operand settings in the order of [`OPERAND_SLOTS`].
-pub fn operands(p: &GemmPolicy) -> [OperandQuant; 6] {
-    [
-        p.fprop.a, p.fprop.b, p.dgrad.a, p.dgrad.b, p.wgrad.a, p.wgrad.b,
-    ]
-}
-
-/// Checks every operand of a policy against its slot's usage (`quant::fake::validate`), and
-/// each GEMM's two operands against each other (`GemmPolicy::validate_pairs`: an RHT on both
-/// or neither, never random signs).
-pub fn validate_policy(p: &GemmPolicy) -> Result<(), String> {
-    for ((label, usage), q) in OPERAND_SLOTS.iter().zip(operands(p)) {
-        quant::fake::validate(&q, *usage).map_err(|e| format!("{label}: {e}"))?;
-    }
-    p.validate_pairs().map_err(|e| match e {
-        quant::QuantError::InvalidConfig(m) => m,
-        e => e.to_string(),
-    })
-}
-
-/// A short description of one operand setting, e.g. `nvfp4/1x16/sr/rht`.
-pub fn describe_operand(q: &OperandQuant) -> String {
-    let block = match q.block {
-        BlockShape::Row16 => "1x16",
-        BlockShape::Tile16 => "16x16",
-        BlockShape::Row32 => "1x32",
-    };
-    let mut s = match q.format {
-        QuantFormat::F32 => "f32".to_string(),
-        QuantFormat::Bf16 => "bf16".to_string(),
-        QuantFormat::Fp8 { element, scaling } => {
-            let e = match element {
-                Fp8Element::E4M3 => "e4m3",
-                Fp8Element::E5M2 => "e5m2",
-            };
-            match scaling {
-                Fp8Scaling::Current { power_of_two } => {
-                    format!("fp8-{e}/current{}", if power_of_two { "-pow2" } else { "" })
-                }
-                Fp8Scaling::Delayed {
-                    history_len,
-                    margin,
-                    algo,
-                } => format!(
-                    "fp8-{e}/delayed(h{history_len},m{margin},{})",
-                    match algo {
-                        AmaxAlgo::Max => "max",
-                        AmaxAlgo::MostRecent => "recent",
-                    }
-                ),
-            }
-        }
-        QuantFormat::Mx {
-            element,
-            rule,
-            sr_prescale,
-        } => {
-            let e = match element {
-                MxElement::E4M3 => "mxfp8-e4m3",
-                MxElement::E5M2 => "mxfp8-e5m2",
-                MxElement::E2M3 => "mxfp6-e2m3",
-                MxElement::E3M2 => "mxfp6-e3m2",
-                MxElement::E2M1 => "mxfp4",
-            };
-            let r = match rule {
-                ScaleRule::Floor => "floor",
-                ScaleRule::Rceil => "rceil",
-                ScaleRule::Ceil => "ceil",
-                ScaleRule::Even => "even",
-            };
-            format!("{e}/{block}/{r}{}", if sr_prescale { "/x3/4" } else { "" })
-        }
-        QuantFormat::Nvfp4 { four_over_six } => {
-            format!(
-                "nvfp4/{block}{}",
-                if four_over_six.is_some() {
-                    "/4over6"
-                } else {
-                    ""
-                }
-            )
-        }
-    };
-    if q.rounding == RoundingMode::Stochastic {
-        s.push_str("/sr");
-    }
-    match q.rht {
-        Rht::Off => {}
-        Rht::FixedSigns => s.push_str("/rht"),
-        Rht::RandomSigns => s.push_str("/rht-rand"),
-    }
-    s
-}
-
-/// A one-line description of a policy: `all bf16`, or the six operands.
-pub fn describe_policy(p: &GemmPolicy) -> String {
-    let ops = operands(p);
-    if ops.iter().all(|q| q == &ops[0]) {
-        return format!("all {}", describe_operand(&ops[0]));
-    }
-    let d: Vec<String> = ops.iter().map(describe_operand).collect();
-    format!(
-        "fprop[X {}, W {}] dgrad[dY {}, W {}] wgrad[dY {}, X {}]",
-        d[0], d[1], d[2], d[3], d[4], d[5]
-    )
 }
 
 // ----------------------------------------------------------------------------------------
@@ -927,16 +736,11 @@ impl Recipe {
         for b in 0..n_blocks {
             for k in LayerKind::IN_BLOCK {
                 let p = self.policy_for(b, n_blocks, k, progress);
-                let _ = writeln!(out, "block {b:>3} {:<8} {}", k.name(), describe_policy(&p));
+                let _ = writeln!(out, "block {b:>3} {:<8} {}", k.name(), p);
             }
         }
         let p = self.policy_for(0, n_blocks, LayerKind::LmHead, progress);
-        let _ = writeln!(
-            out,
-            "          {:<8} {}",
-            LayerKind::LmHead.name(),
-            describe_policy(&p)
-        );
+        let _ = writeln!(out, "          {:<8} {}", LayerKind::LmHead.name(), p);
         out
     }
 }

@@ -7,8 +7,8 @@ use quant::{
     RoundingMode,
 };
 use trainer::recipe::{
-    describe_policy, operands, AttentionPrecision, BlockRange, LayerKind, LayerOverride, Recipe,
-    RecipeError, Schedule, BUILTIN_NAMES, POLICY_PRESETS,
+    AttentionPrecision, BlockRange, LayerKind, LayerOverride, Recipe, RecipeError, Schedule,
+    BUILTIN_NAMES,
 };
 
 const KINDS: [LayerKind; 5] = [
@@ -91,7 +91,7 @@ fn fp8_recipes_are_hybrid() {
         for q in [p.dgrad.a, p.wgrad.a] {
             assert_eq!(fp8(&q).0, Fp8Element::E5M2, "{name}");
         }
-        for q in operands(&p) {
+        for q in p.operands() {
             let scaling = fp8(&q).1;
             match name {
                 "fp8-delayed" => assert_eq!(
@@ -119,7 +119,7 @@ fn fp8_recipes_are_hybrid() {
 fn mx_recipes() {
     let r = Recipe::builtin("mxfp8").unwrap();
     let p = r.policy_for(2, 4, LayerKind::AttnOut, 0.3);
-    for q in operands(&p) {
+    for q in p.operands() {
         assert_eq!(
             q.format,
             QuantFormat::Mx {
@@ -205,7 +205,8 @@ fn nvfp4_ablations_change_one_thing() {
     want.dgrad.a.rounding = RoundingMode::NearestEven;
     want.wgrad.a.rounding = RoundingMode::NearestEven;
     assert_eq!(mid("nvfp4-no-sr"), want);
-    assert!(operands(&want)
+    assert!(want
+        .operands()
         .iter()
         .all(|q| q.rounding == RoundingMode::NearestEven));
 
@@ -423,7 +424,7 @@ policy = "mxfp4"
     );
     assert!(r.schedule.is_none());
     assert_eq!(Recipe::from_toml_str(&r.to_toml()).unwrap(), r);
-    assert!(describe_policy(&r.linear).contains("4over6"));
+    assert!(r.linear.to_string().contains("4over6"));
     let e = Recipe::from_file(&dir.path().join("absent.toml")).unwrap_err();
     assert!(matches!(e, RecipeError::Io { .. }));
 }
@@ -490,7 +491,8 @@ fn invalid_fields_list_what_is_valid() {
     // Policy presets.
     let e = parse_err("name = \"x\"\nlinear = \"fp4\"\n");
     assert!(
-        e.contains("unknown policy preset 'fp4'") && e.contains(&POLICY_PRESETS.join(", ")),
+        e.contains("unknown policy preset 'fp4'")
+            && e.contains(&GemmPolicy::PRESET_NAMES.join(", ")),
         "{e}"
     );
     // Unknown bases.
@@ -532,7 +534,7 @@ fn semantically_invalid_recipes_are_rejected() {
     );
     assert!(e.contains("wgrad") && e.contains("random RHT signs"), "{e}");
     // Every built-in policy preset is valid.
-    for name in POLICY_PRESETS {
+    for name in GemmPolicy::PRESET_NAMES {
         let r = Recipe::from_toml_str(&format!("name = \"p\"\nlinear = \"{name}\"\n")).unwrap();
         r.validate().unwrap();
     }
@@ -550,12 +552,12 @@ fn plans_and_descriptions() {
         .unwrap()
         .contains("wgrad[dY nvfp4/1x16/sr/rht, X nvfp4/1x16/rht]"));
     assert!(r.plan(3, 0.9).lines().all(|l| l.ends_with("all bf16")));
-    let d = describe_policy(&Recipe::builtin("fp8-delayed").unwrap().linear);
+    let d = Recipe::builtin("fp8-delayed").unwrap().linear.to_string();
     assert!(
         d.contains("fp8-e4m3/delayed(h16,m0,max)") && d.contains("fp8-e5m2"),
         "{d}"
     );
-    let d = describe_policy(&Recipe::builtin("mxfp4").unwrap().linear);
+    let d = Recipe::builtin("mxfp4").unwrap().linear.to_string();
     assert!(d.contains("mxfp4/1x32/floor/x3/4/sr/rht"), "{d}");
 }
 

@@ -8,7 +8,6 @@ use super::metrics::error_of;
 use super::{LayerError, TrainError, Trainer};
 use crate::data::{Batcher, BatcherConfig, Sampling};
 use crate::model::{LinearProbe, ModelError, Precision};
-use crate::recipe::describe_policy;
 
 /// The result of [`Trainer::evaluate`].
 #[derive(Clone, Debug, PartialEq)]
@@ -98,7 +97,7 @@ impl Trainer {
             out.push(LayerError {
                 layer: p.name.clone(),
                 kind: p.kind,
-                policy: describe_policy(&p.policy),
+                policy: p.policy.to_string(),
                 quantized: Some(p.policy.quantizes()),
                 x: error_of(&x),
                 w: error_of(&w),
