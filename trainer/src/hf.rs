@@ -34,6 +34,7 @@ use autograd::NamedTensor;
 use fp_formats::checkpoint::{Layout, NoProgress, QuantizeOptions, Scheme};
 use serde_json::{json, Value};
 
+use crate::data::{Tokenizer, TOKENIZER_FILE};
 use crate::model::{MlpKind, ModelConfig};
 
 /// Why an export or import failed. Nothing is left in the output directory.
@@ -375,6 +376,52 @@ pub struct ExportOptions {
     /// ..., from [`crate::calibrate`]): an NVFP4 export gets ModelOpt `input_scale` or
     /// compressed-tensors `input_global_scale` tensors (see [`hf_input_amax`]).
     pub input_amax: BTreeMap<String, f32>,
+    /// The `tokenizer.json` to ship ([`crate::data::Tokenizer::to_json`]); `None`: the
+    /// byte-level one for a vocabulary of 256, none otherwise. [`export`] fills it from
+    /// [`tokenizer_of`].
+    pub tokenizer_json: Option<String>,
+}
+
+/// The tokenizer that goes with a model: for a Hugging Face folder its `tokenizer.json`;
+/// for a checkpoint or run directory the `tokenizer.json` the run keeps (a run on a
+/// `trainer tokenize` folder), else the one its data source implies (byte-level for the
+/// corpus and text files, the tokenized folder's). `None` when it is unknown (a bare shard,
+/// or a folder without `tokenizer.json`).
+pub fn tokenizer_of(path: &Path) -> Result<Option<Tokenizer>, HfError> {
+    let tok = |p: &Path| {
+        Tokenizer::from_file(p).map_err(|e| HfError::Bad {
+            path: p.to_path_buf(),
+            message: e.to_string(),
+        })
+    };
+    if is_hf_folder(path) {
+        let p = path.join(TOKENIZER_FILE);
+        return if p.is_file() {
+            tok(&p).map(Some)
+        } else {
+            Ok(None)
+        };
+    }
+    let dir = crate::checkpoint::resolve(path)?;
+    // run/checkpoints/step_N -> run
+    let run = dir.parent().and_then(Path::parent);
+    for d in [Some(path), Some(dir.as_path()), run].into_iter().flatten() {
+        let p = d.join(TOKENIZER_FILE);
+        if p.is_file() {
+            return tok(&p).map(Some);
+        }
+    }
+    let spath = dir.join(crate::checkpoint::STATE_FILE);
+    let text = fs::read_to_string(&spath).map_err(io(&spath))?;
+    let state: crate::checkpoint::TrainState =
+        serde_json::from_str(&text).map_err(|e| HfError::Bad {
+            path: spath.clone(),
+            message: e.to_string(),
+        })?;
+    state.data.tokenizer().map_err(|e| HfError::Bad {
+        path: spath,
+        message: e.to_string(),
+    })
 }
 
 /// The input amaxes of the Hugging Face modules, from those of the model's linear layers:
@@ -505,8 +552,14 @@ pub fn export_model(
         &dir.join("generation_config.json"),
         &json!({"max_length": cfg.seq, "do_sample": false, "bos_token_id": null, "eos_token_id": null, "pad_token_id": null}),
     )?;
-    let tokenizer_note = if cfg.vocab == 256 {
-        write_json(&dir.join("tokenizer.json"), &byte_tokenizer_json())?;
+    let tokenizer_json = match &opts.tokenizer_json {
+        Some(t) => Some(t.clone()),
+        None if cfg.vocab == 256 => Some(Tokenizer::Bytes.to_json()),
+        None => None,
+    };
+    let tokenizer_note = if let Some(t) = tokenizer_json {
+        let p = dir.join(TOKENIZER_FILE);
+        fs::write(&p, t).map_err(io(&p))?;
         write_json(
             &dir.join("tokenizer_config.json"),
             &json!({
@@ -520,8 +573,8 @@ pub fn export_model(
         None
     } else {
         Some(format!(
-            "vocabulary of {} tokens is not byte-level: no tokenizer files written (add the \
-             tokenizer the token shards were made with)",
+            "vocabulary of {} tokens and no tokenizer found with the model: no tokenizer files \
+             written (add the tokenizer.json the token shards were made with)",
             cfg.vocab
         ))
     };
@@ -564,6 +617,18 @@ pub fn export_model(
 pub fn export(src: &Path, out: &Path, opts: &ExportOptions) -> Result<ExportReport, HfError> {
     let ck = crate::checkpoint::load(src)?;
     let mut opts = opts.clone();
+    if opts.tokenizer_json.is_none() {
+        if let Some(t) = tokenizer_of(src)? {
+            if t.vocab_size() as usize > ck.state.model.vocab {
+                return Err(HfError::Unsupported(format!(
+                    "the tokenizer ({}) has more tokens than the model ({})",
+                    t.describe(),
+                    ck.state.model.vocab
+                )));
+            }
+            opts.tokenizer_json = Some(t.to_json());
+        }
+    }
     opts.metadata
         .entry("nibble_step".into())
         .or_insert_with(|| ck.state.step.to_string());

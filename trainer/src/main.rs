@@ -9,6 +9,7 @@
 //! trainer compare                      train several recipes on identical data and write a report
 //! trainer sample CHECKPOINT            generate text at a chosen precision
 //! trainer export CHECKPOINT --out DIR  a Hugging Face Llama folder [--quantize nvfp4|mxfp8]
+//! trainer tokenize FILES --out DIR     train a byte-level BPE, write tokenizer.json + shards
 //! trainer plans [show NAME|FILE]       the stage plans (pretrain / RL sampler / RL trainer)
 //! trainer rl --from CKPT --task T --plan P --out DIR   GRPO on a verifiable task
 //! trainer rl compare --from CKPT --out DIR             plans x corrections x seeds, a report
@@ -33,6 +34,7 @@ use trainer::train::TrainError;
 mod export_cmd;
 mod rl_cmd;
 mod run_cmds;
+mod tokenize_cmd;
 use run_cmds::{run_compare, run_sample, run_train, CompareArgs, SampleArgs, TrainArgs};
 
 /// Low-precision GPT training on Nibble.
@@ -58,6 +60,9 @@ enum Command {
     Sample(SampleArgs),
     /// Export a checkpoint as a Hugging Face Llama folder (optionally NVFP4 / MXFP8).
     Export(export_cmd::ExportArgs),
+    /// Train a byte-level BPE tokenizer on text files and write tokenizer.json and llm.c
+    /// token shards (a folder `train --data DIR` reads).
+    Tokenize(tokenize_cmd::TokenizeArgs),
     /// List the built-in stage plans (pretrain / RL sampler / RL trainer precisions), or show one.
     Plans(rl_cmd::PlansArgs),
     /// Reinforcement learning on a verifiable task (GRPO), sampler and trainer each at the
@@ -177,6 +182,7 @@ fn main() -> std::process::ExitCode {
         Command::Compare(args) => run_compare(args),
         Command::Sample(args) => run_sample(args),
         Command::Export(args) => export_cmd::run_export(args),
+        Command::Tokenize(args) => tokenize_cmd::run_tokenize(args),
         Command::Plans(args) => rl_cmd::run_plans(args),
         Command::Rl(args) => rl_cmd::run_rl(args),
     };

@@ -174,6 +174,9 @@ fn parse_data(spec: &str, vocab: usize) -> Result<DataSource> {
         });
     }
     let path = PathBuf::from(spec);
+    if path.is_dir() && path.join(trainer::data::TOKENIZER_FILE).is_file() {
+        return Ok(DataSource::tokenized(&path)?);
+    }
     if path
         .extension()
         .is_some_and(|e| e.eq_ignore_ascii_case("bin"))
@@ -212,6 +215,17 @@ fn run_config(a: &RunArgs) -> Result<RunConfig> {
     }
     if let Some(d) = &a.data {
         cfg.data = parse_data(d, cfg.model.vocab)?;
+        // A tokenized folder sets the model's vocabulary (the presets are byte-level).
+        if let DataSource::Tokenized { vocab_size, .. } = &cfg.data {
+            let v = *vocab_size as usize;
+            if cfg.model.vocab != v {
+                println!(
+                    "note: model vocabulary {} -> {v}, the tokenizer's ({d})",
+                    cfg.model.vocab
+                );
+                cfg.model.vocab = v;
+            }
+        }
     }
     cfg.validate()?;
     Ok(cfg)
@@ -426,13 +440,24 @@ pub fn run_sample(args: SampleArgs) -> Result<()> {
     set_threads(args.threads)?;
     let recipe = Recipe::resolve(&args.recipe)?;
     let mut s = Sampler::load(&args.checkpoint, recipe)?;
-    if s.vocab() > 256 && !args.ids {
-        bail!(
-            "the model's vocabulary has {} tokens, not bytes, and this build has no tokenizer for it; pass --ids to print token ids (the prompt is read as bytes)",
+    let tok = trainer::hf::tokenizer_of(&args.checkpoint)?;
+    let tok = match tok {
+        Some(t) if t.vocab_size() as usize <= s.vocab() => t,
+        Some(t) => bail!(
+            "the tokenizer ({}) has more tokens than the model ({})",
+            t.describe(),
             s.vocab()
-        );
-    }
-    let prompt: Vec<u32> = args.prompt.bytes().map(u32::from).collect();
+        ),
+        None if s.vocab() <= 256 => trainer::data::Tokenizer::Bytes,
+        None if args.ids => trainer::data::Tokenizer::Bytes,
+        None => bail!(
+            "the model's vocabulary has {} tokens and no tokenizer was found with it (a run \
+             trained on a `trainer tokenize` folder keeps tokenizer.json); pass --ids to print \
+             token ids (the prompt is then read as bytes)",
+            s.vocab()
+        ),
+    };
+    let prompt = tok.encode(&args.prompt)?;
     let out = s.generate(
         &prompt,
         &SampleConfig {
@@ -447,12 +472,7 @@ pub fn run_sample(args: SampleArgs) -> Result<()> {
         println!("{}", ids.join(" "));
         return Ok(());
     }
-    let bytes = prompt
-        .iter()
-        .chain(&out)
-        .map(|&t| u8::try_from(t))
-        .collect::<Result<Vec<u8>, _>>()
-        .context("a sampled token is not a byte")?;
-    println!("{}", String::from_utf8_lossy(&bytes));
+    let ids: Vec<u32> = prompt.iter().chain(&out).copied().collect();
+    println!("{}", tok.decode(&ids)?);
     Ok(())
 }

@@ -29,6 +29,7 @@ pub const RUN_FILES: &[&str] = &[
     "summary.json",
     "diagnosis.txt",
     "checkpoints",
+    "tokenizer.json",
 ];
 
 /// Why a run directory cannot be used.

@@ -5,6 +5,10 @@
 //! * [`load_text_file`]: any UTF-8 text file as byte-level tokens.
 //! * [`open_shard`]: pretokenized `uint16` shards in the llm.c layout (1024-byte header with
 //!   magic 20240520) or the nanoGPT layout (raw), memory-mapped and validated (see [`files`]).
+//! * [`Tokenizer`]: byte-level (the default) or a byte-level BPE `tokenizer.json`, trained
+//!   with the `tokenizers` crate (see [`tokenizer`]); [`tokenize_files`] writes a tokenized
+//!   folder (`tokenizer.json` + llm.c shards) that [`DataSource::Tokenized`] trains on (see
+//!   [`tokenizer_shards`]).
 //! * [`DataSource`]: one of the above as serializable data, for run configurations.
 //! * [`split`]: deterministic train/validation split (the last fraction of the stream).
 //! * [`Batcher`]: `[batch, seq]` input/target windows, random (epoch-free) or sequential,
@@ -29,6 +33,8 @@ pub mod corpus;
 mod error;
 pub mod files;
 pub mod stats;
+pub mod tokenizer;
+pub mod tokenizer_shards;
 mod tokens;
 
 use std::path::PathBuf;
@@ -43,6 +49,8 @@ pub use files::{
     GPT2_VOCAB, LLMC_MAGIC,
 };
 pub use stats::{conditional_entropy_bits, unigram_entropy_bits, unigram_entropy_nats, TokenStats};
+pub use tokenizer::{BpeTrainOptions, Tokenizer, TokenizerError};
+pub use tokenizer_shards::{load_tokenized, tokenize_files, TokenizeReport, TOKENIZER_FILE};
 pub use tokens::{split, Tokens, BYTE_VOCAB};
 
 /// Estimated peak memory of [`generate`]`(_, bytes)` and the tokens made from it: the
@@ -82,6 +90,13 @@ pub enum DataSource {
         /// Vocabulary size every token must be below.
         vocab_size: u32,
     },
+    /// A tokenized folder (`trainer tokenize`): its `tokenizer.json` and llm.c shards.
+    Tokenized {
+        /// The folder.
+        dir: PathBuf,
+        /// The tokenizer's vocabulary size (checked against the folder's tokenizer).
+        vocab_size: u32,
+    },
 }
 
 impl DataSource {
@@ -104,6 +119,42 @@ impl DataSource {
                 format,
                 vocab_size,
             } => open_shard(path, *format, *vocab_size).map(|s| s.tokens),
+            DataSource::Tokenized { dir, vocab_size } => {
+                let t = Tokenizer::from_file(&dir.join(TOKENIZER_FILE))
+                    .map_err(|e| DataError::InvalidConfig(e.to_string()))?;
+                if t.vocab_size() != *vocab_size {
+                    return Err(DataError::InvalidConfig(format!(
+                        "{}: the tokenizer has {} tokens, the run configuration records {}",
+                        dir.display(),
+                        t.vocab_size(),
+                        vocab_size
+                    )));
+                }
+                load_tokenized(dir, *vocab_size)
+            }
+        }
+    }
+
+    /// A tokenized folder as a source (its vocabulary read from its `tokenizer.json`).
+    pub fn tokenized(dir: &std::path::Path) -> Result<DataSource, DataError> {
+        let t = Tokenizer::from_file(&dir.join(TOKENIZER_FILE))
+            .map_err(|e| DataError::InvalidConfig(e.to_string()))?;
+        Ok(DataSource::Tokenized {
+            dir: dir.to_path_buf(),
+            vocab_size: t.vocab_size(),
+        })
+    }
+
+    /// The tokenizer of the tokens: byte-level for the corpus and text files, the folder's
+    /// `tokenizer.json` for a tokenized folder, `None` for a bare shard (its tokenizer is
+    /// unknown).
+    pub fn tokenizer(&self) -> Result<Option<Tokenizer>, DataError> {
+        match self {
+            DataSource::Corpus { .. } | DataSource::Text { .. } => Ok(Some(Tokenizer::Bytes)),
+            DataSource::Shard { .. } => Ok(None),
+            DataSource::Tokenized { dir, .. } => Tokenizer::from_file(&dir.join(TOKENIZER_FILE))
+                .map(Some)
+                .map_err(|e| DataError::InvalidConfig(e.to_string())),
         }
     }
 
@@ -111,7 +162,9 @@ impl DataSource {
     pub fn vocab_size(&self) -> u32 {
         match self {
             DataSource::Corpus { .. } | DataSource::Text { .. } => BYTE_VOCAB,
-            DataSource::Shard { vocab_size, .. } => *vocab_size,
+            DataSource::Shard { vocab_size, .. } | DataSource::Tokenized { vocab_size, .. } => {
+                *vocab_size
+            }
         }
     }
 }

@@ -65,6 +65,10 @@ impl Trainer {
         }
         write("run.toml", self.cfg.to_toml())?;
         write("recipe.toml", self.recipe.to_toml())?;
+        // A BPE-tokenized run keeps its tokenizer, so sample and export find it.
+        if let Some(t) = self.cfg.data.tokenizer()?.filter(|t| !t.is_bytes()) {
+            write(crate::data::TOKENIZER_FILE, t.to_json())?;
+        }
         // metrics: keep the lines up to the current step (resume), then append
         let mpath = out.join("metrics.jsonl");
         let mut kept = String::new();
