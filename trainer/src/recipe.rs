@@ -89,11 +89,7 @@
 use std::fmt::{self, Write as _};
 use std::path::{Path, PathBuf};
 
-use fp_formats::mx::{MxElement, ScaleRule};
-use quant::{
-    AmaxAlgo, BlockShape, Fp8Element, Fp8Scaling, GemmOperands, GemmPolicy, OperandQuant,
-    QuantFormat, Rht, RoundingMode, Usage,
-};
+use quant::{BlockShape, GemmPolicy, Rht, RoundingMode};
 use serde::{Deserialize, Deserializer, Serialize};
 
 /// Builds a built-in recipe under the given name.
