@@ -100,71 +100,66 @@ pub fn write_report(out: &Path, grid: &[GridRun], from: &Path) -> Result<PathBuf
         .iter()
         .find(|(p, c)| p == "bf16" && c == "none")
         .cloned();
-    let ref_final: BTreeMap<u64, f64> = reference
-        .as_ref()
-        .and_then(|k| groups.get(k))
-        .map(|runs| {
-            runs.iter()
-                .map(|(s, l)| (*s, l.summary.final_pass_rate))
-                .collect()
-        })
-        .unwrap_or_default();
+    let ref_final = |f: fn(&RlSummary) -> f64| -> BTreeMap<u64, f64> {
+        reference
+            .as_ref()
+            .and_then(|k| groups.get(k))
+            .map(|runs| runs.iter().map(|(s, l)| (*s, f(&l.summary))).collect())
+            .unwrap_or_default()
+    };
     let mut s = String::new();
     let _ = writeln!(s, "# RL comparison\n");
     let _ = writeln!(
         s,
-        "Start: `{}`. Held-out pass rate: greedy decoding of the fixed held-out prompts by a BF16 copy of the policy (the same evaluator for every plan). Mean ± sample standard deviation over seeds; the gap to `bf16`/`none` is paired by seed (mean ± standard error).\n",
+        "Start: `{}`. Held-out pass rates on the fixed held-out prompts, by a BF16 copy of the policy (the same evaluator for every plan): greedy decoding, and one completion sampled at temperature 1 per prompt (pass@1 of the policy's own distribution, seed 0). Before, after, gain: mean ± sample standard deviation over seeds; the gap to `bf16`/`none` is paired by seed (mean ± standard error).\n",
         from.display()
     );
     let _ = writeln!(
         s,
-        "| plan | correction | seeds | held-out before | held-out after | gain | gap to bf16 | mean abs dlogp | k3 KL | bitwise-different | sampler tok/s | trainer tok/s |"
+        "| plan | correction | seeds | greedy before | greedy after | greedy gain | greedy gap to bf16 | sampled before | sampled after | sampled gain | sampled gap to bf16 | mean abs dlogp | k3 KL | bitwise-different | sampler tok/s | trainer tok/s |"
     );
     let _ = writeln!(
         s,
-        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
     );
     for key in &order {
         let Some(runs) = groups.get(key) else {
             continue;
         };
-        let f: Vec<f64> = runs
-            .iter()
-            .map(|(_, l)| l.summary.final_pass_rate)
-            .collect();
-        let i: Vec<f64> = runs
-            .iter()
-            .map(|(_, l)| l.summary.initial_pass_rate)
-            .collect();
-        let gain: Vec<f64> = f.iter().zip(&i).map(|(a, b)| a - b).collect();
-        let (fm, fsd) = mean_sd(&f);
-        let (im, _) = mean_sd(&i);
-        let (gm, gsd) = mean_sd(&gain);
-        let gaps: Vec<f64> = runs
-            .iter()
-            .filter_map(|(seed, l)| ref_final.get(seed).map(|r| l.summary.final_pass_rate - r))
-            .collect();
-        let gap = if gaps.is_empty() || Some(key) == reference.as_ref() {
-            "-".to_string()
-        } else {
-            let (m, sd) = mean_sd(&gaps);
-            format!("{:+.3} ± {:.3}", m, sd / (gaps.len() as f64).sqrt())
+        let cell = |before: fn(&RlSummary) -> f64, after: fn(&RlSummary) -> f64| {
+            let f: Vec<f64> = runs.iter().map(|(_, l)| after(&l.summary)).collect();
+            let i: Vec<f64> = runs.iter().map(|(_, l)| before(&l.summary)).collect();
+            let gain: Vec<f64> = f.iter().zip(&i).map(|(a, b)| a - b).collect();
+            let (fm, fsd) = mean_sd(&f);
+            let (im, _) = mean_sd(&i);
+            let (gm, gsd) = mean_sd(&gain);
+            let rf = ref_final(after);
+            let gaps: Vec<f64> = runs
+                .iter()
+                .filter_map(|(seed, l)| rf.get(seed).map(|r| after(&l.summary) - r))
+                .collect();
+            let gap = if gaps.is_empty() || Some(key) == reference.as_ref() {
+                "-".to_string()
+            } else {
+                let (m, sd) = mean_sd(&gaps);
+                format!("{:+.3} ± {:.3}", m, sd / (gaps.len() as f64).sqrt())
+            };
+            format!("{im:.3} | {fm:.3} ± {fsd:.3} | {gm:+.3} ± {gsd:.3} | {gap}")
         };
+        let greedy = cell(|s| s.initial_pass_rate, |s| s.final_pass_rate);
+        let sampled = cell(
+            |s| s.initial_sampled_pass_rate,
+            |s| s.final_sampled_pass_rate,
+        );
         let avg = |g: &dyn Fn(&RlSummary) -> f64| {
             runs.iter().map(|(_, l)| g(&l.summary)).sum::<f64>() / runs.len() as f64
         };
         let _ = writeln!(
             s,
-            "| {} | {} | {} | {:.3} | {:.3} ± {:.3} | {:+.3} ± {:.3} | {} | {:.2e} | {:.2e} | {:.3} | {:.0} | {:.0} |",
+            "| {} | {} | {} | {greedy} | {sampled} | {:.2e} | {:.2e} | {:.3} | {:.0} | {:.0} |",
             key.0,
             key.1,
             runs.len(),
-            im,
-            fm,
-            fsd,
-            gm,
-            gsd,
-            gap,
             avg(&|x| x.mean_abs_dlogp),
             avg(&|x| x.k3),
             avg(&|x| x.frac_bitwise_different),
@@ -177,7 +172,7 @@ pub fn write_report(out: &Path, grid: &[GridRun], from: &Path) -> Result<PathBuf
     }
     let _ = writeln!(
         s,
-        "\nPlots: `pass.svg` (held-out pass rate), `reward.svg` (rollout pass rate, EMA 0.2), `mismatch.svg` (mean |logp_sampler - logp_trainer| per step), `k3.svg` (k3 KL estimator per step); curves are means over seeds."
+        "\nPlots: `pass.svg` and `sampled-pass.svg` (held-out pass rates), `reward.svg` (rollout pass rate, EMA 0.2), `mismatch.svg` (mean |logp_sampler - logp_trainer| per step), `k3.svg` (k3 KL estimator per step); curves are means over seeds."
     );
     let series = |f: &dyn Fn(&Loaded) -> Vec<(f64, f64)>| -> Vec<(String, Vec<(f64, f64)>)> {
         order
@@ -195,12 +190,23 @@ pub fn write_report(out: &Path, grid: &[GridRun], from: &Path) -> Result<PathBuf
     };
     plot(
         "pass.svg",
-        "held-out pass rate",
+        "held-out pass rate (greedy)",
         "pass rate",
         series(&|l| {
             l.evals
                 .iter()
                 .map(|e| (e.step as f64, e.pass_rate))
+                .collect()
+        }),
+    )?;
+    plot(
+        "sampled-pass.svg",
+        "held-out pass rate (one sample at temperature 1)",
+        "pass rate",
+        series(&|l| {
+            l.evals
+                .iter()
+                .map(|e| (e.step as f64, e.sampled_pass_rate))
                 .collect()
         }),
     )?;

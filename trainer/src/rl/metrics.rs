@@ -43,13 +43,16 @@ pub struct StepRecord {
     pub seconds: f64,
 }
 
-/// One held-out evaluation (greedy decoding with a BF16 copy of the policy).
+/// One held-out evaluation (a BF16 copy of the policy).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct EvalRecord {
     /// Steps taken before it.
     pub step: u64,
-    /// Fraction of held-out prompts answered exactly.
+    /// Fraction of held-out prompts answered exactly by greedy decoding.
     pub pass_rate: f64,
+    /// Fraction answered exactly by one completion sampled at temperature 1 (pass@1 of the
+    /// policy's own distribution, fixed seed).
+    pub sampled_pass_rate: f64,
     /// Prompts evaluated.
     pub prompts: usize,
 }
@@ -69,6 +72,10 @@ pub struct RlSummary {
     pub initial_pass_rate: f64,
     /// Held-out pass rate after the last step.
     pub final_pass_rate: f64,
+    /// Held-out sampled pass rate (temperature 1) before the first step.
+    pub initial_sampled_pass_rate: f64,
+    /// Held-out sampled pass rate after the last step.
+    pub final_sampled_pass_rate: f64,
     /// Mean over steps of the mean |Δlogp|.
     pub mean_abs_dlogp: f64,
     /// Mean over steps of the k3 estimator.

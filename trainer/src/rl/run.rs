@@ -182,12 +182,14 @@ impl RlRun {
             toml::to_string(&run.cfg).expect("config serializes"),
         )?;
         w("plan.toml", run.plan.to_toml())?;
-        run.initial_pass_rate = run.evaluate()?;
+        let (greedy, sampled) = run.evaluate()?;
+        run.initial_pass_rate = greedy;
         metrics::append(
             &out.join("eval.jsonl"),
             &EvalRecord {
                 step: 0,
-                pass_rate: run.initial_pass_rate,
+                pass_rate: greedy,
+                sampled_pass_rate: sampled,
                 prompts: run.eval_set.len(),
             },
         )?;
@@ -331,25 +333,30 @@ impl RlRun {
         &self.out
     }
 
-    /// Held-out pass rate of the current policy (greedy, BF16 copy).
-    pub fn evaluate(&mut self) -> Result<f64, RlError> {
+    /// Held-out pass rates of the current policy (BF16 copy): greedy, and one sample per
+    /// prompt at temperature 1 (seed 0).
+    pub fn evaluate(&mut self) -> Result<(f64, f64), RlError> {
         self.evaluator.sync(&self.ps, &[])?;
         let prompts: Vec<Vec<u32>> = self.eval_set.iter().map(|e| bytes(&e.prompt)).collect();
-        let gen = GenConfig {
-            max_tokens: self.cfg.gen_tokens(),
-            temperature: 0.0,
-            top_k: 0,
-            top_p: 1.0,
-            stop: vec![STOP as u32],
-        };
-        let rolls = self.evaluator.generate(&prompts, &gen, 0)?;
-        let pass = self
-            .eval_set
-            .iter()
-            .zip(&rolls)
-            .filter(|(e, r)| self.cfg.task.reward(e, &to_bytes(&r.tokens)) == 1.0)
-            .count();
-        Ok(pass as f64 / prompts.len() as f64)
+        let mut rates = [0.0; 2];
+        for (rate, temperature) in rates.iter_mut().zip([0.0, 1.0]) {
+            let gen = GenConfig {
+                max_tokens: self.cfg.gen_tokens(),
+                temperature,
+                top_k: 0,
+                top_p: 1.0,
+                stop: vec![STOP as u32],
+            };
+            let rolls = self.evaluator.generate(&prompts, &gen, 0)?;
+            let pass = self
+                .eval_set
+                .iter()
+                .zip(&rolls)
+                .filter(|(e, r)| self.cfg.task.reward(e, &to_bytes(&r.tokens)) == 1.0)
+                .count();
+            *rate = pass as f64 / prompts.len() as f64;
+        }
+        Ok((rates[0], rates[1]))
     }
 
     /// Log-probabilities of every rollout's tokens under the RL trainer's recipe, and with
@@ -717,12 +724,14 @@ impl RlRun {
             ));
             bar.set_position(self.step);
             if self.step % self.cfg.eval_every == 0 || self.step == total {
-                last_eval = self.evaluate()?;
+                let (greedy, sampled) = self.evaluate()?;
+                last_eval = greedy;
                 metrics::append(
                     &epath,
                     &EvalRecord {
                         step: self.step,
-                        pass_rate: last_eval,
+                        pass_rate: greedy,
+                        sampled_pass_rate: sampled,
                         prompts: self.eval_set.len(),
                     },
                 )?;
@@ -760,6 +769,14 @@ impl RlRun {
             steps: self.step,
             initial_pass_rate: self.initial_pass_rate,
             final_pass_rate: evals.last().map(|e| e.pass_rate).unwrap_or(f64::NAN),
+            initial_sampled_pass_rate: evals
+                .first()
+                .map(|e| e.sampled_pass_rate)
+                .unwrap_or(f64::NAN),
+            final_sampled_pass_rate: evals
+                .last()
+                .map(|e| e.sampled_pass_rate)
+                .unwrap_or(f64::NAN),
             mean_abs_dlogp: mean(&|r| r.mismatch.mean_abs_dlogp),
             k3: mean(&|r| r.mismatch.k3),
             frac_bitwise_different: mean(&|r| r.mismatch.frac_bitwise_different),
