@@ -6,6 +6,8 @@
 //! bench step --recipes A,B --threads T           one child: prints a JSON line
 //! bench callgrind --kernel K [--setup-only]      one kernel call, for valgrind
 //! bench callgrind --list                         the callgrind kernels and input size
+//! bench gemms --threads T [--rounds N] [--json PATH]  instruction peaks, f32 and BF16 GEMMs
+//! bench checkpoint [--rounds N] [--layers L] [--dir D] [--json PATH]  checkpoint quantization vs a copy
 //! ```
 //!
 //! `kernels` and `callgrind` take `--inject-slowdown KERNEL=FRACTION` (repeatable): that
@@ -17,9 +19,12 @@
 //! ratios across resources are reported but never gated.
 
 mod calibrate;
+mod checkpoint;
+mod gemms;
 mod harness;
 mod kernels;
 mod metric;
+mod peak;
 mod steps;
 
 use std::path::PathBuf;
@@ -78,6 +83,36 @@ enum Cmd {
         #[arg(long, default_value_t = 4)]
         rounds: usize,
     },
+    /// FP32 FMA, BF16 dot-product and AMX-BF16 peaks, and the f32 and BF16 GEMMs on the
+    /// training shapes as fractions of them (reported, not gated).
+    Gemms {
+        /// Threads (rayon pool and matrixmultiply).
+        #[arg(long, default_value_t = 1)]
+        threads: usize,
+        /// Paired rounds.
+        #[arg(long, default_value_t = 5)]
+        rounds: usize,
+        /// Write the metrics here (JSON) instead of stdout.
+        #[arg(long)]
+        json: Option<PathBuf>,
+    },
+    /// Whole-checkpoint quantization (NVFP4, MXFP8) in GB/s of input and as a multiple of a
+    /// plain read + write of the same file in the same rounds (reported, not gated).
+    Checkpoint {
+        /// Rounds (copy, then each job, per round).
+        #[arg(long, default_value_t = 3)]
+        rounds: usize,
+        /// Layers of the synthetic Llama-shaped F32 checkpoint (d 1024, MLP 2816, vocab 8000:
+        /// 4 layers make 271 MB).
+        #[arg(long, default_value_t = 4)]
+        layers: usize,
+        /// Where the checkpoint and the outputs are written (a disk or a tmpfs).
+        #[arg(long, default_value_os_t = std::env::temp_dir())]
+        dir: PathBuf,
+        /// Also write the results here (JSON).
+        #[arg(long)]
+        json: Option<PathBuf>,
+    },
     /// One call of one kernel, to be counted by `valgrind --tool=callgrind`.
     Callgrind {
         /// Kernel name (see --list).
@@ -125,6 +160,37 @@ fn write(report: &SuiteReport, json: Option<PathBuf>) -> Result<()> {
 
 fn main() -> Result<()> {
     match Cli::parse().command {
+        Cmd::Checkpoint {
+            rounds,
+            layers,
+            dir,
+            json,
+        } => {
+            let shape = checkpoint::Shape {
+                layers,
+                d: 1024,
+                hidden: 2816,
+                vocab: 8000,
+            };
+            let (bytes, results) = checkpoint::suite(&dir, shape, rounds)?;
+            println!(
+                "{:.1} MB F32 checkpoint in {}, {rounds} round(s), medians:",
+                bytes as f64 / 1e6,
+                dir.display()
+            );
+            println!("| job | s | GB/s of input | x copy |\n|---|---:|---:|---:|");
+            for r in &results {
+                println!(
+                    "| {} | {:.3} | {:.2} | {:.2} |",
+                    r.job, r.seconds, r.gb_per_s, r.vs_copy
+                );
+            }
+            if let Some(p) = json {
+                std::fs::write(&p, serde_json::to_string_pretty(&results)?)
+                    .with_context(|| format!("writing {}", p.display()))?;
+            }
+            Ok(())
+        }
         Cmd::Kernels {
             rounds,
             json,
@@ -151,6 +217,24 @@ fn main() -> Result<()> {
             write(
                 &SuiteReport {
                     suite: "steps".into(),
+                    rounds,
+                    metrics,
+                },
+                json,
+            )
+        }
+        Cmd::Gemms {
+            threads,
+            rounds,
+            json,
+        } => {
+            anyhow::ensure!((1..=256).contains(&threads), "--threads must be in 1..=256");
+            // Read by matrixmultiply at this process's first GEMM.
+            std::env::set_var("MATMUL_NUM_THREADS", threads.to_string());
+            let metrics = gemms::suite(threads, rounds.max(1))?;
+            write(
+                &SuiteReport {
+                    suite: format!("gemms-{threads}t"),
                     rounds,
                     metrics,
                 },

@@ -49,15 +49,18 @@ impl Drop for TileConfig {
     }
 }
 
-/// `c[tile 2i + j] = Σ_t A(i, t) · B(j, t)` over `kc` chunks: `a` points at two runs of `kc`
-/// packed A tiles (tile `(i, t)` at `(i · kc + t) · 512` BF16), `b` likewise for B, `c` at
-/// four 16 x 16 f32 tiles.
+/// The 32 x 32 block `C = Σ_t A(·, t) · B(·, t)` over `kc` chunks: `a` points at two runs of
+/// `kc` packed A tiles (tile `(i, t)` at `(i · kc + t) · 512` BF16), `b` likewise for B; tile
+/// `(i, j)` of C is stored at `c + 16 i · ldc + 16 j` (f32 elements, row stride `ldc`).
 ///
 /// # Safety
 /// AMX-BF16 must be usable and a [`TileConfig`] loaded on this thread; `a` and `b` must be
-/// valid for `2 · kc · 512` BF16 reads, `c` for 1024 f32 writes; `kc >= 1`.
-pub(super) unsafe fn block_2x2(a: *const u16, b: *const u16, kc: usize, c: *mut f32) {
+/// valid for `2 · kc · 512` BF16 reads, `c` for writes of 32 rows of 32 f32 at stride `ldc`;
+/// `kc >= 1`.
+pub(super) unsafe fn block_2x2(a: *const u16, b: *const u16, kc: usize, c: *mut f32, ldc: usize) {
     let run = kc * 1024; // bytes per run of kc tiles
+    let ldc_bytes = ldc * 4;
+    let c_low = c.add(16 * ldc); // tiles (1, 0) and (1, 1)
     asm!(
         "tilezero tmm0",
         "tilezero tmm1",
@@ -78,16 +81,18 @@ pub(super) unsafe fn block_2x2(a: *const u16, b: *const u16, kc: usize, c: *mut 
         "add {b1}, 1024",
         "dec {n}",
         "jnz 2b",
-        "tilestored [{c} + {s}*1], tmm0",
-        "tilestored [{c} + {s}*1 + 1024], tmm1",
-        "tilestored [{c} + {s}*1 + 2048], tmm2",
-        "tilestored [{c} + {s}*1 + 3072], tmm3",
+        "tilestored [{c} + {ldc}*1], tmm0",
+        "tilestored [{c} + {ldc}*1 + 64], tmm1",
+        "tilestored [{cl} + {ldc}*1], tmm2",
+        "tilestored [{cl} + {ldc}*1 + 64], tmm3",
         a0 = inout(reg) a => _,
         a1 = inout(reg) a.cast::<u8>().add(run) => _,
         b0 = inout(reg) b => _,
         b1 = inout(reg) b.cast::<u8>().add(run) => _,
         n = inout(reg) kc => _,
         c = in(reg) c,
+        cl = in(reg) c_low,
+        ldc = in(reg) ldc_bytes,
         s = in(reg) 64usize,
         options(nostack),
     );

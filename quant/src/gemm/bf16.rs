@@ -41,10 +41,12 @@ const BLOCK: usize = 2 * TILE;
 #[inline(always)]
 pub fn bf16_bits(x: f32) -> u16 {
     let b = x.to_bits();
+    let rounded = (b.wrapping_add(0x7fff + ((b >> 16) & 1)) >> 16) as u16;
+    let quiet = ((b >> 16) | 0x0040) as u16;
     if x.is_nan() {
-        ((b >> 16) | 0x0040) as u16
+        quiet
     } else {
-        (b.wrapping_add(0x7fff + ((b >> 16) & 1)) >> 16) as u16
+        rounded
     }
 }
 
@@ -145,55 +147,59 @@ fn gemm(amx: bool, a: MatRef<'_>, b: MatRef<'_>, out: &mut [f32], ws: &mut Bf16W
         .enumerate()
         .for_each(|(ib, rows)| {
             let a_blk = &pa[ib * 2 * kc * TILE_ELEMS..][..2 * kc * TILE_ELEMS];
-            let mut c = [0.0f32; 4 * TILE * TILE];
+            let mut c = [0.0f32; BLOCK * BLOCK];
             let m_here = rows.len() / n;
             #[cfg(target_arch = "x86_64")]
             let _cfg = amx.then(super::amx::TileConfig::load);
             for jb in 0..nb {
                 let b_blk = &pb[jb * 2 * kc * TILE_ELEMS..][..2 * kc * TILE_ELEMS];
-                block(amx, a_blk, b_blk, kc, &mut c);
                 let n_here = (n - jb * BLOCK).min(BLOCK);
-                for r in 0..m_here {
-                    let (ti, tr) = (r / TILE, r % TILE);
-                    let dst = &mut rows[r * n + jb * BLOCK..][..n_here];
-                    for (cj, d) in dst.iter_mut().enumerate() {
-                        let (tj, tc) = (cj / TILE, cj % TILE);
-                        *d = c[(ti * 2 + tj) * TILE * TILE + tr * TILE + tc];
+                if m_here == BLOCK && n_here == BLOCK {
+                    // a whole block: straight into the output rows
+                    block(amx, a_blk, b_blk, kc, &mut rows[jb * BLOCK..], n);
+                } else {
+                    block(amx, a_blk, b_blk, kc, &mut c, BLOCK);
+                    for r in 0..m_here {
+                        rows[r * n + jb * BLOCK..][..n_here]
+                            .copy_from_slice(&c[r * BLOCK..][..n_here]);
                     }
                 }
             }
         });
 }
 
-/// One 32 x 32 output block over all chunks: `c` holds the four 16 x 16 tiles
-/// (A tile i, B tile j) at `(2i + j) · 256`.
+/// One 32 x 32 output block over all chunks, written to `c` with row stride `ldc` (tile
+/// `(i, j)`: rows `16i ..`, columns `16j ..`). `c` must hold `31 · ldc + 32` elements.
 #[inline]
-fn block(amx: bool, a: &[u16], b: &[u16], kc: usize, c: &mut [f32; 4 * TILE * TILE]) {
+fn block(amx: bool, a: &[u16], b: &[u16], kc: usize, c: &mut [f32], ldc: usize) {
+    assert!(ldc >= BLOCK && c.len() >= (BLOCK - 1) * ldc + BLOCK);
     #[cfg(target_arch = "x86_64")]
     if amx {
         // SAFETY: `amx` comes from `has_amx_bf16` (CPU support and OS permission), the
-        // caller loaded the tile configuration on this thread, and `a`, `b` hold two runs of
-        // `kc` packed tiles each (checked by the slicing above), `c` four output tiles.
-        unsafe { super::amx::block_2x2(a.as_ptr(), b.as_ptr(), kc, c.as_mut_ptr()) };
+        // caller loaded the tile configuration on this thread, `a` and `b` hold two runs of
+        // `kc` packed tiles each (checked by the caller's slicing), and `c` holds the 32 x 32
+        // block at stride `ldc` (asserted above).
+        unsafe { super::amx::block_2x2(a.as_ptr(), b.as_ptr(), kc, c.as_mut_ptr(), ldc) };
         return;
     }
     let _ = amx;
-    c.fill(0.0);
+    for r in 0..BLOCK {
+        c[r * ldc..][..BLOCK].fill(0.0);
+    }
     for t in 0..kc {
         for i in 0..2 {
             let at = &a[(i * kc + t) * TILE_ELEMS..][..TILE_ELEMS];
             for j in 0..2 {
                 let bt = &b[(j * kc + t) * TILE_ELEMS..][..TILE_ELEMS];
-                let ct = &mut c[(2 * i + j) * TILE * TILE..][..TILE * TILE];
-                tile_portable(ct, at, bt);
+                tile_portable(&mut c[i * TILE * ldc + j * TILE..], ldc, at, bt);
             }
         }
     }
 }
 
 /// The portable model of one `tdpbf16ps` on 16 x 16 tiles: `c[r][n] += Σ a[r][k]·b[k][n]`
-/// over one chunk of 32, in the arithmetic of the module docs.
-fn tile_portable(c: &mut [f32], a: &[u16], b: &[u16]) {
+/// over one chunk of 32, in the arithmetic of the module docs; `c` has row stride `ldc`.
+fn tile_portable(c: &mut [f32], ldc: usize, a: &[u16], b: &[u16]) {
     for r in 0..TILE {
         let (mut e, mut o) = ([0.0f32; TILE], [0.0f32; TILE]);
         let ar = &a[r * CHUNK..][..CHUNK];
@@ -205,7 +211,7 @@ fn tile_portable(c: &mut [f32], a: &[u16], b: &[u16]) {
                 o[nn] = add_exact(o[nn], a1 as f64 * bf16_daz(br[2 * nn + 1]) as f64);
             }
         }
-        let cr = &mut c[r * TILE..][..TILE];
+        let cr = &mut c[r * ldc..][..TILE];
         for nn in 0..TILE {
             cr[nn] = ftz(cr[nn] + ftz(e[nn] + o[nn]));
         }
@@ -216,29 +222,44 @@ fn tile_portable(c: &mut [f32], a: &[u16], b: &[u16]) {
 /// K padded with zeros): tile `(i, t)` at `(i · kc + t) · 512`.
 fn pack_a(a: MatRef<'_>, kc: usize, row_tiles: usize, buf: &mut Vec<u16>) {
     let len = row_tiles * kc * TILE_ELEMS;
-    buf.clear();
-    buf.resize(len, 0);
-    buf.par_chunks_mut(kc * TILE_ELEMS)
+    if buf.len() < len {
+        buf.resize(len, 0);
+    }
+    let k = a.cols;
+    buf[..len]
+        .par_chunks_mut(kc * TILE_ELEMS)
         .enumerate()
         .for_each(|(i, tiles)| {
-            for r in 0..TILE {
-                let row = i * TILE + r;
-                if row >= a.rows {
-                    break;
-                }
-                for t in 0..kc {
-                    let dst = &mut tiles[t * TILE_ELEMS + r * CHUNK..][..CHUNK];
-                    let k0 = t * CHUNK;
-                    let kn = (a.cols - k0).min(CHUNK);
-                    let base = row * a.row_stride + k0 * a.col_stride;
-                    if a.col_stride == 1 {
-                        let src = &a.data[base..base + kn];
-                        for (d, &x) in dst.iter_mut().zip(src) {
+            let rows_here = a.rows.saturating_sub(i * TILE).min(TILE);
+            if rows_here < TILE || k % CHUNK != 0 {
+                tiles.fill(0);
+            }
+            if rows_here == 0 {
+                return; // a padding tile
+            }
+            for t in 0..kc {
+                let tile = &mut tiles[t * TILE_ELEMS..][..TILE_ELEMS];
+                let (k0, kn) = (t * CHUNK, (k - t * CHUNK).min(CHUNK));
+                if a.col_stride == 1 {
+                    for r in 0..rows_here {
+                        let src = &a.data[(i * TILE + r) * a.row_stride + k0..][..kn];
+                        for (d, &x) in tile[r * CHUNK..][..kn].iter_mut().zip(src) {
                             *d = bf16_bits(x);
                         }
-                    } else {
-                        for (kk, d) in dst[..kn].iter_mut().enumerate() {
-                            *d = bf16_bits(a.data[base + kk * a.col_stride]);
+                    }
+                } else if a.row_stride == 1 {
+                    // a transposed view: each K step reads 16 consecutive rows
+                    for kk in 0..kn {
+                        let src = &a.data[(k0 + kk) * a.col_stride + i * TILE..][..rows_here];
+                        for (r, &x) in src.iter().enumerate() {
+                            tile[r * CHUNK + kk] = bf16_bits(x);
+                        }
+                    }
+                } else {
+                    for r in 0..rows_here {
+                        let base = (i * TILE + r) * a.row_stride + k0 * a.col_stride;
+                        for kk in 0..kn {
+                            tile[r * CHUNK + kk] = bf16_bits(a.data[base + kk * a.col_stride]);
                         }
                     }
                 }
@@ -252,24 +273,40 @@ fn pack_a(a: MatRef<'_>, kc: usize, row_tiles: usize, buf: &mut Vec<u16>) {
 /// `(j · kc + t) · 512 + p · 32 + nn · 2 + q`.
 fn pack_b(b: MatRef<'_>, kc: usize, col_tiles: usize, buf: &mut Vec<u16>) {
     let len = col_tiles * kc * TILE_ELEMS;
-    buf.clear();
-    buf.resize(len, 0);
-    buf.par_chunks_mut(kc * TILE_ELEMS)
+    if buf.len() < len {
+        buf.resize(len, 0);
+    }
+    let k = b.cols;
+    buf[..len]
+        .par_chunks_mut(kc * TILE_ELEMS)
         .enumerate()
         .for_each(|(j, tiles)| {
-            for nn in 0..TILE {
-                let col = j * TILE + nn;
-                if col >= b.rows {
-                    break;
-                }
-                for t in 0..kc {
-                    let tile = &mut tiles[t * TILE_ELEMS..][..TILE_ELEMS];
-                    let k0 = t * CHUNK;
-                    let kn = (b.cols - k0).min(CHUNK);
-                    let base = col * b.row_stride + k0 * b.col_stride;
+            let cols_here = b.rows.saturating_sub(j * TILE).min(TILE);
+            if cols_here < TILE || k % CHUNK != 0 {
+                tiles.fill(0);
+            }
+            if cols_here == 0 {
+                return; // a padding tile
+            }
+            for t in 0..kc {
+                let tile = &mut tiles[t * TILE_ELEMS..][..TILE_ELEMS];
+                let (k0, kn) = (t * CHUNK, (k - t * CHUNK).min(CHUNK));
+                if b.row_stride == 1 {
+                    // a transposed view: each K step reads 16 consecutive columns
                     for kk in 0..kn {
-                        let x = b.data[base + kk * b.col_stride];
-                        tile[(kk / 2) * 2 * TILE + nn * 2 + (kk % 2)] = bf16_bits(x);
+                        let src = &b.data[(k0 + kk) * b.col_stride + j * TILE..][..cols_here];
+                        let dst = &mut tile[(kk / 2) * 2 * TILE + (kk % 2)..];
+                        for (nn, &x) in src.iter().enumerate() {
+                            dst[nn * 2] = bf16_bits(x);
+                        }
+                    }
+                } else {
+                    for nn in 0..cols_here {
+                        let base = (j * TILE + nn) * b.row_stride + k0 * b.col_stride;
+                        for kk in 0..kn {
+                            let x = b.data[base + kk * b.col_stride];
+                            tile[(kk / 2) * 2 * TILE + nn * 2 + (kk % 2)] = bf16_bits(x);
+                        }
                     }
                 }
             }

@@ -1,0 +1,117 @@
+//! GEMMs against the peaks of their instructions (`peak`): the f32 GEMM (matrixmultiply,
+//! FP32 FMA) and the BF16 GEMM (`quant::gemm::bf16`, the AMX-BF16 tile unit where present)
+//! on the training shapes of the `small` and `base` presets, and the BF16 GEMM over the f32
+//! GEMM on the same shapes. One process per thread count (matrixmultiply reads
+//! `MATMUL_NUM_THREADS` once per process); every figure here is reported, not gated.
+
+use std::hint::black_box;
+
+use anyhow::Result;
+use quant::gemm::bf16::{bf16_gemm_tn, Bf16Workspace};
+use quant::gemm::{matmul_tn, MatRef};
+
+use crate::harness::{run_rounds, Case, Clock};
+use crate::kernels::data;
+use crate::metric::{Better, Metric};
+use crate::peak::{peak_gflops, Unit};
+
+/// `(name, M, N, K)`: the linear layers' GEMMs of a training step (2,048 tokens): Fprop of
+/// the FFN's up and down projections, and the Wgrad of the up projection (K = tokens).
+pub const SHAPES: &[(&str, usize, usize, usize)] = &[
+    ("small_fprop_up", 2048, 352, 128),
+    ("small_fprop_down", 2048, 128, 352),
+    ("small_wgrad_up", 352, 128, 2048),
+    ("base_fprop_up", 2048, 688, 256),
+    ("base_fprop_down", 2048, 256, 688),
+    ("base_wgrad_up", 688, 256, 2048),
+];
+
+/// The suite on `threads` threads (set `MATMUL_NUM_THREADS` before calling).
+pub fn suite(threads: usize, rounds: usize) -> Result<Vec<Metric>> {
+    let mut out = Vec::new();
+    let mut peaks = Vec::new();
+    for unit in [Unit::Fma, Unit::Dpbf16, Unit::Amx] {
+        let p = peak_gflops(unit, threads, 0.3)?;
+        if let Some(g) = p {
+            out.push(Metric::absolute(
+                format!("machine/peak_{}/gflops_{threads}t", unit.name()),
+                g,
+                "GFLOP/s",
+                Better::Higher,
+                format!(
+                    "{} peak on {threads} thread(s), registers only",
+                    unit.name()
+                ),
+            ));
+        }
+        peaks.push((unit, p));
+    }
+    let peak = |u: Unit| peaks.iter().find(|(x, _)| *x == u).and_then(|(_, p)| *p);
+    let bf16_unit = if fp_formats::cpu::has_amx_bf16() {
+        Unit::Amx
+    } else {
+        Unit::Fma // the portable code runs on FP32 arithmetic
+    };
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(threads)
+        .build()?;
+    for &(name, m, n, k) in SHAPES {
+        let a = data(m * k, 21);
+        let b = data(n * k, 22);
+        // BF16 operands, as the quantizers leave them (exactly BF16 in f32)
+        let round = |v: &[f32]| -> Vec<f32> {
+            v.iter()
+                .map(|&x| f32::from_bits((quant::gemm::bf16::bf16_bits(x) as u32) << 16))
+                .collect()
+        };
+        let (ab, bb) = (round(&a), round(&b));
+        let (mut o1, mut o2) = (vec![0.0f32; m * n], vec![0.0f32; m * n]);
+        let mut ws = Bf16Workspace::new();
+        let mut cases = [
+            Case::new("f32", || {
+                pool.install(|| matmul_tn(&a, &b, m, n, k, black_box(&mut o1)))
+            }),
+            Case::new("bf16", || {
+                pool.install(|| {
+                    bf16_gemm_tn(
+                        MatRef::row_major(&ab, m, k),
+                        MatRef::row_major(&bb, n, k),
+                        black_box(&mut o2),
+                        &mut ws,
+                    )
+                })
+            }),
+        ];
+        let r = run_rounds(&mut cases, rounds, 3, Clock::Wall);
+        let flops = 2.0 * (m * n * k) as f64;
+        let shape = format!("{m}x{n}x{k}, {threads} thread(s)");
+        for (case, unit) in [("f32", Unit::Fma), ("bf16", bf16_unit)] {
+            let g = flops / r.median_secs(case) / 1e9;
+            out.push(Metric::absolute(
+                format!("quant/gemm_{case}_{name}/gflops_{threads}t"),
+                g,
+                "GFLOP/s",
+                Better::Higher,
+                format!("{case} GEMM, {shape}"),
+            ));
+            if let Some(p) = peak(unit) {
+                out.push(Metric::absolute(
+                    format!("quant/gemm_{case}_{name}/of_peak_{threads}t"),
+                    g / p,
+                    "x",
+                    Better::Higher,
+                    format!("{case} GEMM GFLOP/s / {} peak, {shape}", unit.name()),
+                ));
+            }
+        }
+        out.push(Metric::reported_ratio(
+            format!("quant/gemm_bf16_{name}/vs_f32_{threads}t"),
+            r.ratio("f32", "bf16"),
+            Better::Higher,
+            format!(
+                "time of the f32 GEMM / time of the BF16 GEMM (operand packing included), {shape}"
+            ),
+        ));
+    }
+    Ok(out)
+}

@@ -1,0 +1,156 @@
+//! The instruction peaks the GEMMs are measured against: FP32 FMA (`vfmadd231ps` on 512-bit
+//! or 256-bit vectors, whichever the CPU has), the BF16 dot product (`vdpbf16ps`, 512-bit)
+//! and the AMX-BF16 tile unit (`tdpbf16ps`), each on 1 and 2 threads, as GFLOP/s (a
+//! multiply-add counts 2). Every probe runs enough independent accumulators to hide the
+//! instruction's latency, on registers only.
+
+use std::time::Instant;
+
+use rayon::prelude::*;
+
+/// An instruction whose peak is probed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Unit {
+    /// FP32 fused multiply-add.
+    Fma,
+    /// AVX512_BF16 dot product of BF16 pairs into FP32.
+    Dpbf16,
+    /// AMX-BF16 tile dot product.
+    Amx,
+}
+
+impl Unit {
+    /// Metric name part.
+    pub fn name(self) -> &'static str {
+        match self {
+            Unit::Fma => "fp32_fma",
+            Unit::Dpbf16 => "bf16_dot",
+            Unit::Amx => "amx_bf16",
+        }
+    }
+}
+
+/// GFLOP/s of `unit` on `threads` threads (each running the probe for about `secs`), or
+/// `None` when this CPU (or `NIBBLE_FORCE_PORTABLE`) rules it out.
+pub fn peak_gflops(unit: Unit, threads: usize, secs: f64) -> anyhow::Result<Option<f64>> {
+    if probe(unit, 1).is_none() {
+        return Ok(None);
+    }
+    // calibrate the iteration count on one call
+    let mut iters = 1000usize;
+    loop {
+        let t = Instant::now();
+        probe(unit, iters);
+        if t.elapsed().as_secs_f64() > secs / 10.0 {
+            break;
+        }
+        iters *= 4;
+    }
+    let t0 = Instant::now();
+    let one = probe(unit, iters).unwrap_or(0.0);
+    let per_call = t0.elapsed().as_secs_f64();
+    let reps = ((secs / per_call) as usize).max(1);
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(threads)
+        .build()?;
+    let best = pool.install(|| {
+        (0..3)
+            .map(|_| {
+                let t = Instant::now();
+                (0..threads).into_par_iter().for_each(|_| {
+                    for _ in 0..reps {
+                        probe(unit, iters);
+                    }
+                });
+                (one * (reps * threads) as f64) / t.elapsed().as_secs_f64() / 1e9
+            })
+            .fold(0.0f64, f64::max)
+    });
+    Ok(Some(best))
+}
+
+/// Runs `iters` rounds of `unit`'s loop on this thread; the flops done, or `None`.
+fn probe(unit: Unit, iters: usize) -> Option<f64> {
+    match unit {
+        Unit::Amx => quant::gemm::bf16::tile_peak_probe(iters),
+        #[cfg(target_arch = "x86_64")]
+        Unit::Fma if fp_formats::cpu::has_avx2_fma() => {
+            let avx512 = std::is_x86_feature_detected!("avx512f");
+            // SAFETY: the features were checked just above.
+            let r = unsafe {
+                if avx512 {
+                    x86::fma512(iters)
+                } else {
+                    x86::fma256(iters)
+                }
+            };
+            std::hint::black_box(r);
+            Some((iters * x86::ACC * if avx512 { 32 } else { 16 }) as f64)
+        }
+        #[cfg(target_arch = "x86_64")]
+        Unit::Dpbf16 if fp_formats::cpu::has_avx512_bf16() => {
+            // SAFETY: `has_avx512_bf16` checked AVX-512F and AVX512_BF16.
+            std::hint::black_box(unsafe { x86::dpbf16(iters) });
+            Some((iters * x86::ACC * 64) as f64)
+        }
+        _ => None,
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+mod x86 {
+    use std::arch::x86_64::*;
+
+    /// Independent accumulators (more than latency x throughput of either unit).
+    pub const ACC: usize = 16;
+
+    #[target_feature(enable = "avx512f")]
+    pub unsafe fn fma512(iters: usize) -> f32 {
+        let mut acc = [_mm512_set1_ps(1.0); ACC];
+        let (a, b) = (_mm512_set1_ps(0.999_999), _mm512_set1_ps(1e-7));
+        for _ in 0..iters {
+            for r in acc.iter_mut() {
+                *r = _mm512_fmadd_ps(a, *r, b);
+            }
+        }
+        let mut s = _mm512_setzero_ps();
+        for r in acc {
+            s = _mm512_add_ps(s, r);
+        }
+        _mm512_reduce_add_ps(s)
+    }
+
+    #[target_feature(enable = "avx2,fma")]
+    pub unsafe fn fma256(iters: usize) -> f32 {
+        let mut acc = [_mm256_set1_ps(1.0); ACC];
+        let (a, b) = (_mm256_set1_ps(0.999_999), _mm256_set1_ps(1e-7));
+        for _ in 0..iters {
+            for r in acc.iter_mut() {
+                *r = _mm256_fmadd_ps(a, *r, b);
+            }
+        }
+        let mut s = _mm256_setzero_ps();
+        for r in acc {
+            s = _mm256_add_ps(s, r);
+        }
+        let v: [f32; 8] = std::mem::transmute(s);
+        v.iter().sum()
+    }
+
+    #[target_feature(enable = "avx512f,avx512bf16")]
+    pub unsafe fn dpbf16(iters: usize) -> f32 {
+        let mut acc = [_mm512_setzero_ps(); ACC];
+        let a: __m512bh = std::mem::transmute(_mm512_set1_epi16(0x3f80)); // 1.0
+        let b: __m512bh = std::mem::transmute(_mm512_set1_epi16(0x3380)); // 2^-24
+        for _ in 0..iters {
+            for r in acc.iter_mut() {
+                *r = _mm512_dpbf16_ps(*r, a, b);
+            }
+        }
+        let mut s = _mm512_setzero_ps();
+        for r in acc {
+            s = _mm512_add_ps(s, r);
+        }
+        _mm512_reduce_add_ps(s)
+    }
+}
