@@ -70,6 +70,9 @@ enum Cmd {
     },
     /// One step-timing child (used by `steps`): prints a JSON line.
     Step {
+        /// Trainer model preset (`small` is the default model; `base` is the larger one).
+        #[arg(long, default_value = steps::PRESET)]
+        preset: String,
         /// Built-in recipe names, comma-separated.
         #[arg(long, value_delimiter = ',', required = true)]
         recipes: Vec<String>,
@@ -242,12 +245,13 @@ fn main() -> Result<()> {
             )
         }
         Cmd::Step {
+            preset,
             recipes,
             threads,
             warmup,
             rounds,
         } => {
-            let r = steps::child(&recipes, threads, warmup, rounds)?;
+            let r = steps::child(&preset, &recipes, threads, warmup, rounds)?;
             println!("{}", serde_json::to_string(&r)?);
             Ok(())
         }

@@ -40,6 +40,7 @@ pub struct ChildResult {
 /// Child: a trainer per recipe, `warmup` untimed steps each, then `rounds` rounds of one
 /// timed step per recipe in rotating order.
 pub fn child(
+    preset: &str,
     recipes: &[String],
     threads: usize,
     warmup: usize,
@@ -54,7 +55,7 @@ pub fn child(
         .num_threads(threads)
         .build()?;
     pool.install(|| {
-        let cfg = RunConfig::preset(PRESET)?;
+        let cfg = RunConfig::preset(preset)?;
         let tokens_per_step = cfg.tokens_per_step();
         let mut trainers = Vec::new();
         for r in recipes {

@@ -225,45 +225,18 @@ fn pack_a(a: MatRef<'_>, kc: usize, row_tiles: usize, buf: &mut Vec<u16>) {
     if buf.len() < len {
         buf.resize(len, 0);
     }
-    let k = a.cols;
+    let wide = wide_packing();
     buf[..len]
         .par_chunks_mut(kc * TILE_ELEMS)
         .enumerate()
         .for_each(|(i, tiles)| {
-            let rows_here = a.rows.saturating_sub(i * TILE).min(TILE);
-            if rows_here < TILE || k % CHUNK != 0 {
-                tiles.fill(0);
+            #[cfg(target_arch = "x86_64")]
+            if wide {
+                // SAFETY: `wide` says the CPU has AVX-512F/BW/VL.
+                unsafe { pack_a_tiles_avx512(a, kc, i, tiles) };
+                return;
             }
-            if rows_here == 0 {
-                return; // a padding tile
-            }
-            for t in 0..kc {
-                let tile = &mut tiles[t * TILE_ELEMS..][..TILE_ELEMS];
-                let (k0, kn) = (t * CHUNK, (k - t * CHUNK).min(CHUNK));
-                if a.col_stride == 1 {
-                    for r in 0..rows_here {
-                        let src = &a.data[(i * TILE + r) * a.row_stride + k0..][..kn];
-                        for (d, &x) in tile[r * CHUNK..][..kn].iter_mut().zip(src) {
-                            *d = bf16_bits(x);
-                        }
-                    }
-                } else if a.row_stride == 1 {
-                    // a transposed view: each K step reads 16 consecutive rows
-                    for kk in 0..kn {
-                        let src = &a.data[(k0 + kk) * a.col_stride + i * TILE..][..rows_here];
-                        for (r, &x) in src.iter().enumerate() {
-                            tile[r * CHUNK + kk] = bf16_bits(x);
-                        }
-                    }
-                } else {
-                    for r in 0..rows_here {
-                        let base = (i * TILE + r) * a.row_stride + k0 * a.col_stride;
-                        for kk in 0..kn {
-                            tile[r * CHUNK + kk] = bf16_bits(a.data[base + kk * a.col_stride]);
-                        }
-                    }
-                }
-            }
+            pack_a_tiles(a, kc, i, tiles);
         });
 }
 
@@ -276,41 +249,121 @@ fn pack_b(b: MatRef<'_>, kc: usize, col_tiles: usize, buf: &mut Vec<u16>) {
     if buf.len() < len {
         buf.resize(len, 0);
     }
-    let k = b.cols;
+    let wide = wide_packing();
     buf[..len]
         .par_chunks_mut(kc * TILE_ELEMS)
         .enumerate()
         .for_each(|(j, tiles)| {
-            let cols_here = b.rows.saturating_sub(j * TILE).min(TILE);
-            if cols_here < TILE || k % CHUNK != 0 {
-                tiles.fill(0);
+            #[cfg(target_arch = "x86_64")]
+            if wide {
+                // SAFETY: `wide` says the CPU has AVX-512F/BW/VL.
+                unsafe { pack_b_tiles_avx512(b, kc, j, tiles) };
+                return;
             }
-            if cols_here == 0 {
-                return; // a padding tile
-            }
-            for t in 0..kc {
-                let tile = &mut tiles[t * TILE_ELEMS..][..TILE_ELEMS];
-                let (k0, kn) = (t * CHUNK, (k - t * CHUNK).min(CHUNK));
-                if b.row_stride == 1 {
-                    // a transposed view: each K step reads 16 consecutive columns
-                    for kk in 0..kn {
-                        let src = &b.data[(k0 + kk) * b.col_stride + j * TILE..][..cols_here];
-                        let dst = &mut tile[(kk / 2) * 2 * TILE + (kk % 2)..];
-                        for (nn, &x) in src.iter().enumerate() {
-                            dst[nn * 2] = bf16_bits(x);
-                        }
-                    }
-                } else {
-                    for nn in 0..cols_here {
-                        let base = (j * TILE + nn) * b.row_stride + k0 * b.col_stride;
-                        for kk in 0..kn {
-                            let x = b.data[base + kk * b.col_stride];
-                            tile[(kk / 2) * 2 * TILE + nn * 2 + (kk % 2)] = bf16_bits(x);
-                        }
-                    }
+            pack_b_tiles(b, kc, j, tiles);
+        });
+}
+
+/// Packs the `kc` tiles of 16-row block `i` of A (see [`pack_a`]).
+#[inline(always)]
+fn pack_a_tiles(a: MatRef<'_>, kc: usize, i: usize, tiles: &mut [u16]) {
+    let k = a.cols;
+    let rows_here = a.rows.saturating_sub(i * TILE).min(TILE);
+    if rows_here < TILE || k % CHUNK != 0 {
+        tiles.fill(0);
+    }
+    if rows_here == 0 {
+        return; // a padding tile
+    }
+    for t in 0..kc {
+        let tile = &mut tiles[t * TILE_ELEMS..][..TILE_ELEMS];
+        let (k0, kn) = (t * CHUNK, (k - t * CHUNK).min(CHUNK));
+        if a.col_stride == 1 {
+            for r in 0..rows_here {
+                let src = &a.data[(i * TILE + r) * a.row_stride + k0..][..kn];
+                for (d, &x) in tile[r * CHUNK..][..kn].iter_mut().zip(src) {
+                    *d = bf16_bits(x);
                 }
             }
-        });
+        } else if a.row_stride == 1 {
+            // a transposed view: each K step reads 16 consecutive rows
+            for kk in 0..kn {
+                let src = &a.data[(k0 + kk) * a.col_stride + i * TILE..][..rows_here];
+                for (r, &x) in src.iter().enumerate() {
+                    tile[r * CHUNK + kk] = bf16_bits(x);
+                }
+            }
+        } else {
+            for r in 0..rows_here {
+                let base = (i * TILE + r) * a.row_stride + k0 * a.col_stride;
+                for kk in 0..kn {
+                    tile[r * CHUNK + kk] = bf16_bits(a.data[base + kk * a.col_stride]);
+                }
+            }
+        }
+    }
+}
+
+/// [`pack_a_tiles`] compiled for AVX-512 (every CPU with AMX has it).
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma")]
+unsafe fn pack_a_tiles_avx512(a: MatRef<'_>, kc: usize, i: usize, tiles: &mut [u16]) {
+    pack_a_tiles(a, kc, i, tiles)
+}
+
+/// Packs the `kc` tiles of 16-column block `j` of B (see [`pack_b`]).
+#[inline(always)]
+fn pack_b_tiles(b: MatRef<'_>, kc: usize, j: usize, tiles: &mut [u16]) {
+    let k = b.cols;
+    let cols_here = b.rows.saturating_sub(j * TILE).min(TILE);
+    if cols_here < TILE || k % CHUNK != 0 {
+        tiles.fill(0);
+    }
+    if cols_here == 0 {
+        return; // a padding tile
+    }
+    for t in 0..kc {
+        let tile = &mut tiles[t * TILE_ELEMS..][..TILE_ELEMS];
+        let (k0, kn) = (t * CHUNK, (k - t * CHUNK).min(CHUNK));
+        if b.row_stride == 1 {
+            // a transposed view: each K step reads 16 consecutive columns
+            for kk in 0..kn {
+                let src = &b.data[(k0 + kk) * b.col_stride + j * TILE..][..cols_here];
+                let dst = &mut tile[(kk / 2) * 2 * TILE + (kk % 2)..];
+                for (nn, &x) in src.iter().enumerate() {
+                    dst[nn * 2] = bf16_bits(x);
+                }
+            }
+        } else {
+            for nn in 0..cols_here {
+                let base = (j * TILE + nn) * b.row_stride + k0 * b.col_stride;
+                for kk in 0..kn {
+                    let x = b.data[base + kk * b.col_stride];
+                    tile[(kk / 2) * 2 * TILE + nn * 2 + (kk % 2)] = bf16_bits(x);
+                }
+            }
+        }
+    }
+}
+
+/// [`pack_b_tiles`] compiled for AVX-512.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma")]
+unsafe fn pack_b_tiles_avx512(b: MatRef<'_>, kc: usize, j: usize, tiles: &mut [u16]) {
+    pack_b_tiles(b, kc, j, tiles)
+}
+
+/// Whether the packing loops may use AVX-512 (the same instructions' results: the packing
+/// only converts and moves values, so the bits do not depend on it).
+fn wide_packing() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        fp_formats::cpu::has_avx512_bf16()
+            && std::is_x86_feature_detected!("avx512bw")
+            && std::is_x86_feature_detected!("avx512vl")
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    false
 }
 
 /// The scalar reference of the arithmetic for one output element (rows `a` and `b` of
