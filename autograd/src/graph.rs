@@ -12,7 +12,7 @@ use std::fmt;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Instant;
 
-use crate::ops::linear::LinearQuantState;
+use crate::quant_state::LinearQuantState;
 use crate::storage::{BufferPool, CpuBuf, Device, Storage};
 use crate::{Error, ParamId, ParamStore, Result, Shape};
 

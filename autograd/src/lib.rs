@@ -54,6 +54,7 @@ mod graph;
 pub mod init;
 pub mod ops;
 mod param;
+mod quant_state;
 mod shape;
 mod storage;
 
@@ -64,7 +65,7 @@ pub struct ReadmeDoctests;
 
 pub use error::{Error, Result};
 pub use graph::{Graph, OpProfile, OpTiming, Tensor};
-pub use ops::linear::{gemm_stream, LinearQuantState, OperandRole, MAX_LAYER_STREAM, MAX_STEP};
 pub use param::{NamedTensor, ParamId, ParamStore};
+pub use quant_state::{gemm_stream, LinearQuantState, OperandRole, MAX_LAYER_STREAM, MAX_STEP};
 pub use shape::{Shape, MAX_RANK};
 pub use storage::{CpuBuf, Device, Storage};

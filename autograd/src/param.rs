@@ -3,7 +3,7 @@
 
 use std::collections::HashMap;
 
-use crate::ops::linear::LinearQuantState;
+use crate::quant_state::LinearQuantState;
 use crate::storage::BufferPool;
 use crate::{Error, Result, Shape};
 
@@ -180,6 +180,34 @@ impl ParamStore {
     /// has run.
     pub fn linear_state(&self, id: ParamId) -> Result<Option<&LinearQuantState>> {
         Ok(self.states[self.check(id)?].as_deref())
+    }
+
+    /// Replaces the quantizer state of the linear layer whose weight is `id` (`None` clears
+    /// it, as for a layer that has not run yet). Used to resume training exactly.
+    ///
+    /// ```
+    /// use autograd::{LinearQuantState, ParamStore};
+    /// let mut ps = ParamStore::new();
+    /// let w = ps.add_zeros("w", &[2, 2])?;
+    /// ps.set_linear_state(w, Some(LinearQuantState::default()))?;
+    /// assert!(ps.linear_state(w)?.is_some());
+    /// ps.set_linear_state(w, None)?;
+    /// assert!(ps.linear_state(w)?.is_none());
+    /// # Ok::<(), autograd::Error>(())
+    /// ```
+    pub fn set_linear_state(&mut self, id: ParamId, state: Option<LinearQuantState>) -> Result<()> {
+        let i = self.check(id)?;
+        self.states[i] = state.map(Box::new);
+        Ok(())
+    }
+
+    /// Ends a training step for every linear layer's quantizer state (rolls FP8
+    /// delayed-scaling amax histories; nothing else changes).
+    pub fn end_quant_step(&mut self) -> Result<()> {
+        for s in self.states.iter_mut().flatten() {
+            s.end_step()?;
+        }
+        Ok(())
     }
 
     /// Sets every gradient to zero.

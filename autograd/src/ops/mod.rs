@@ -10,7 +10,6 @@ pub mod embedding;
 pub mod linear;
 pub mod matmul;
 pub mod norm;
-pub mod quant_state_io;
 pub mod reduce;
 pub mod rope;
 pub mod round_bf16;
