@@ -119,16 +119,22 @@ pub fn read<T: DeserializeOwned>(path: &Path) -> Result<Vec<T>, RlError> {
 }
 
 /// Keeps only the lines of a JSONL file whose `step` is at most `step` (a resume's trim),
-/// rewriting it atomically.
+/// byte for byte, rewriting the file atomically.
 pub fn trim(path: &Path, step: u64) -> Result<(), RlError> {
-    let lines: Vec<serde_json::Value> = read(path)?;
+    let text = match fs::read_to_string(path) {
+        Ok(t) => t,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => return Err(io_err(path)(e)),
+    };
     let mut out = String::new();
-    for l in lines {
-        if l.get("step")
+    for l in text.lines().filter(|l| !l.trim().is_empty()) {
+        let v: serde_json::Value = serde_json::from_str(l)
+            .map_err(|e| RlError::Invalid(format!("{}: {e}", path.display())))?;
+        if v.get("step")
             .and_then(|s| s.as_u64())
             .is_some_and(|s| s <= step)
         {
-            out.push_str(&l.to_string());
+            out.push_str(l);
             out.push('\n');
         }
     }

@@ -1,0 +1,235 @@
+//! `trainer rl`: bitwise resume of a tiny RL run, the guard on NaN rewards, bad input.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+
+use trainer::data::{DataSource, ShardFormat};
+use trainer::model::ModelConfig;
+use trainer::recipe::Recipe;
+use trainer::rl::config::{RlConfig, RlError};
+use trainer::rl::correction::Correction;
+use trainer::rl::plan::Plan;
+use trainer::rl::run::{RlOptions, RlRun};
+use trainer::rl::tasks::Task;
+use trainer::train::{RunConfig, Trainer};
+
+/// A tiny model pretrained for a few steps on the add mix: as text (byte-level), or as a
+/// raw token shard with a vocabulary of `vocab` (not byte-level).
+fn pretrained(dir: &Path, vocab: usize) -> PathBuf {
+    let text = Task::Add.mix(0, 2000, 20_000);
+    let mut cfg = RunConfig::preset("tiny").unwrap();
+    cfg.model = ModelConfig { vocab, ..cfg.model };
+    let data = if vocab == 256 {
+        let mix = dir.join("mix.txt");
+        std::fs::write(&mix, text).unwrap();
+        DataSource::Text { path: mix }
+    } else {
+        let shard = dir.join("mix.bin");
+        let bytes: Vec<u8> = text
+            .bytes()
+            .flat_map(|b| (b as u16 + 1).to_le_bytes())
+            .collect();
+        std::fs::write(&shard, bytes).unwrap();
+        DataSource::Shard {
+            path: shard,
+            format: ShardFormat::Raw,
+            vocab_size: vocab as u32,
+        }
+    };
+    cfg.train.steps = 6;
+    cfg.train.warmup_steps = 2;
+    cfg.train.eval_every = 6;
+    cfg.train.eval_batches = 1;
+    cfg.data = data;
+    let out = dir.join("pre");
+    let mut t = Trainer::new(cfg, Recipe::builtin("bf16").unwrap(), common::opts(&out)).unwrap();
+    t.run().unwrap();
+    out
+}
+
+fn tiny_cfg() -> RlConfig {
+    RlConfig {
+        steps: 4,
+        prompts: 4,
+        group: 4,
+        eval_every: 2,
+        eval_prompts: 16,
+        calibration: 8,
+        lr: 1e-3,
+        correction: Correction::TokenTis,
+        ..RlConfig::default()
+    }
+}
+
+fn quiet() -> RlOptions {
+    RlOptions {
+        quiet: true,
+        ..RlOptions::default()
+    }
+}
+
+/// metrics.jsonl without the timing fields.
+fn metrics_without_timing(dir: &Path) -> Vec<serde_json::Value> {
+    std::fs::read_to_string(dir.join("metrics.jsonl"))
+        .unwrap()
+        .lines()
+        .map(|l| {
+            let mut v: serde_json::Value = serde_json::from_str(l).unwrap();
+            let o = v.as_object_mut().unwrap();
+            for k in ["seconds", "sampler_tokens_per_s", "trainer_tokens_per_s"] {
+                o.remove(k);
+            }
+            v
+        })
+        .collect()
+}
+
+fn final_tensors(dir: &Path) -> Vec<u8> {
+    std::fs::read(dir.join("checkpoints/step-00000004/model.safetensors")).unwrap()
+}
+
+#[test]
+fn rl_run_resumes_bit_for_bit_and_stops_on_nan_rewards() {
+    let tmp = tempfile::tempdir().unwrap();
+    let from = pretrained(tmp.path(), 256);
+    let plan = Plan::builtin("bf16-nvfp4").unwrap();
+
+    let a = tmp.path().join("a");
+    let mut run = RlRun::new(tiny_cfg(), plan.clone(), &from, &a, quiet()).unwrap();
+    let sa = run.run().unwrap();
+    drop(run);
+    assert_eq!(sa.steps, 4);
+    assert!(
+        sa.frac_bitwise_different > 0.0,
+        "an NVFP4 sampler differs from a BF16 trainer"
+    );
+
+    // the same run stopped after 2 steps (a checkpoint), then resumed
+    let b = tmp.path().join("b");
+    let opts = RlOptions {
+        stop_after: Some(1),
+        ..quiet()
+    };
+    let mut run = RlRun::new(tiny_cfg(), plan.clone(), &from, &b, opts).unwrap();
+    assert!(run.run().unwrap_err().to_string().contains("resume with"));
+    drop(run);
+    let mut run = RlRun::resume(&b, quiet()).unwrap();
+    assert_eq!(run.step(), 1);
+    let sb = run.run().unwrap();
+    drop(run);
+    assert_eq!(final_tensors(&a), final_tensors(&b));
+    assert_eq!(metrics_without_timing(&a), metrics_without_timing(&b));
+    assert_eq!(
+        std::fs::read_to_string(a.join("eval.jsonl")).unwrap(),
+        std::fs::read_to_string(b.join("eval.jsonl")).unwrap()
+    );
+    assert_eq!(sa.final_pass_rate, sb.final_pass_rate);
+
+    // a NaN reward at step 3 stops the run with a diagnosis; step 2's checkpoint stays
+    let c = tmp.path().join("c");
+    let opts = RlOptions {
+        nan_reward_at: Some(3),
+        ..quiet()
+    };
+    let mut run = RlRun::new(tiny_cfg(), plan, &from, &c, opts).unwrap();
+    let err = run.run().unwrap_err();
+    drop(run);
+    assert!(matches!(err, RlError::Diverged { step: 3, .. }), "{err}");
+    assert!(err.to_string().contains("step-00000002"), "{err}");
+    let diag = std::fs::read_to_string(c.join("diagnosis.txt")).unwrap();
+    assert!(diag.contains("reward of rollout 0 is NaN"), "{diag}");
+    // ... and the run continues from it (without the injected NaN) to the same end
+    let mut run = RlRun::resume(&c, quiet()).unwrap();
+    run.run().unwrap();
+    drop(run);
+    assert_eq!(final_tensors(&a), final_tensors(&c));
+}
+
+#[test]
+fn bad_input_is_refused_before_anything_is_written() {
+    let tmp = tempfile::tempdir().unwrap();
+    let from = pretrained(tmp.path(), 256);
+    let plan = Plan::builtin("bf16").unwrap();
+    let out = tmp.path().join("x");
+    let err = |cfg: RlConfig, from: &Path| {
+        RlRun::new(cfg, plan.clone(), from, &out, quiet())
+            .err()
+            .expect("refused")
+            .to_string()
+    };
+    let e = err(
+        RlConfig {
+            group: 1,
+            ..tiny_cfg()
+        },
+        &from,
+    );
+    assert!(e.contains("at least 2"), "{e}");
+    let e = err(
+        RlConfig {
+            max_tokens: 40,
+            ..tiny_cfg()
+        },
+        &from,
+    );
+    assert!(e.contains("context of 32"), "{e}");
+    assert!(!out.join("rl.toml").exists());
+    // a model trained on token ids, not bytes
+    let other = tempfile::tempdir().unwrap();
+    let from_ids = pretrained(other.path(), 512);
+    let e = err(tiny_cfg(), &from_ids);
+    assert!(e.contains("not byte-level"), "{e}");
+    // an existing run is not overwritten
+    let mut run = RlRun::new(
+        RlConfig {
+            steps: 1,
+            ..tiny_cfg()
+        },
+        plan.clone(),
+        &from,
+        &out,
+        quiet(),
+    )
+    .unwrap();
+    run.run().unwrap();
+    drop(run);
+    let e = err(tiny_cfg(), &from);
+    assert!(e.contains("already holds an RL run"), "{e}");
+
+    // the command line: unknown plan, task, correction and settings fields list what is valid
+    let f = from.display().to_string();
+    let o = tmp.path().join("cli").display().to_string();
+    for (args, want) in [
+        (vec!["--plan", "nvfp5"], "valid: bf16, bf16-mxfp8"),
+        (vec!["--task", "sort"], "valid: add, reverse"),
+        (vec!["--correction", "tis"], "valid: none, token-tis"),
+        (vec!["--group", "1"], "at least 2"),
+    ] {
+        let mut a = vec!["rl", "--from", &f, "--out", &o, "--quiet"];
+        a.extend(args);
+        let r = common::trainer(&a);
+        assert!(!r.status.success());
+        assert!(common::stderr(&r).contains(want), "{}", common::stderr(&r));
+    }
+    let bad = tmp.path().join("bad.toml");
+    std::fs::write(&bad, "stepz = 3\n").unwrap();
+    let r = common::trainer(&[
+        "rl",
+        "--from",
+        &f,
+        "--out",
+        &o,
+        "--config",
+        bad.to_str().unwrap(),
+    ]);
+    assert!(
+        common::stderr(&r).contains("unknown field `stepz`"),
+        "{}",
+        common::stderr(&r)
+    );
+    let r = common::trainer(&["plans", "show", "bf16-nvfp4"]);
+    assert!(common::stdout(&r).contains("activation-scales = \"static\""));
+    let r = common::trainer(&["plans"]);
+    assert!(common::stdout(&r).contains("mxfp8-nvfp4"));
+}
