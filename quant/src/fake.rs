@@ -96,14 +96,6 @@ pub fn validate(q: &OperandQuant, usage: Usage) -> Result<(), QuantError> {
     }
 }
 
-/// Applies the 16-point random Hadamard transform ([`crate::hadamard::rht_rows`], BF16
-/// output) in place to stored rows whose length is a multiple of 16.
-pub(crate) fn apply_rht(data: &mut [f32], rht: Rht, key: RngKey) {
-    if let Some(mask) = crate::hadamard::sign_mask(rht, key) {
-        crate::hadamard::rht_rows(data, mask);
-    }
-}
-
 /// Quantizes one operand to its stored representation. `state` is used (and updated) by
 /// delayed FP8 scaling only; pass a fresh [`QuantState`] otherwise.
 ///
@@ -292,7 +284,7 @@ pub(crate) fn reference_stored(
     let mut v = crate::panel::stored_copy(x, rows, cols, usage);
     let (_, scols) = crate::panel::stored_shape(rows, cols, usage);
     if q.rht != Rht::Off && scols % crate::hadamard::N == 0 {
-        apply_rht(&mut v, q.rht, key);
+        crate::hadamard::apply_rht(&mut v, q.rht, key);
     }
     Ok(v)
 }

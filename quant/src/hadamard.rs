@@ -258,3 +258,13 @@ pub fn rht_rows(data: &mut [f32], mask: u16) {
         *c = rht16(c, mask);
     }
 }
+
+/// Applies the configured transform ([`sign_mask`] of `rht` and `key`; nothing for
+/// [`Rht::Off`]) in place to stored rows whose length is a multiple of 16, as [`rht_rows`]
+/// does (BF16 output). The quantizers of every format call it before quantizing a
+/// transformed operand.
+pub(crate) fn apply_rht(data: &mut [f32], rht: Rht, key: RngKey) {
+    if let Some(mask) = sign_mask(rht, key) {
+        rht_rows(data, mask);
+    }
+}

@@ -227,7 +227,7 @@ fn run<T: Send>(
                     stored_panel(x, rows, cols, usage, r0, n, &mut s.panel)
                 } else {
                     let p = stored_panel_owned(x, rows, cols, usage, r0, n, &mut s.panel);
-                    crate::fake::apply_rht(p, c.rht, c.key);
+                    crate::hadamard::apply_rht(p, c.rht, c.key);
                     p
                 };
                 body(chunk, src, rb, sc, &mut s.codes)

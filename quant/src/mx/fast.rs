@@ -410,7 +410,7 @@ pub(super) fn fake_quantize(
                     Usage::Columnwise => {
                         panel::stored_panel_into(x, rows, cols, usage, r0, n, dst);
                         if c.rht != Rht::Off {
-                            crate::fake::apply_rht(dst, c.rht, c.key);
+                            crate::hadamard::apply_rht(dst, c.rht, c.key);
                         }
                         panel_dyn(c, InPlace, rb, scols, dst, &mut [], portable)
                     }
