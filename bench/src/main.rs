@@ -20,6 +20,7 @@
 
 mod calibrate;
 mod checkpoint;
+mod decode;
 mod gemms;
 mod harness;
 mod kernels;
@@ -116,6 +117,13 @@ enum Cmd {
         #[arg(long)]
         json: Option<PathBuf>,
     },
+    /// The RL sampler's decoding: KV-cache tokens/s over full recomputation, NVFP4-sampler
+    /// decode time over BF16-sampler decode time (ratios in one run, reported, not gated).
+    Decode {
+        /// Interleaved rounds.
+        #[arg(long, default_value_t = 5)]
+        rounds: usize,
+    },
     /// One call of one kernel, to be counted by `valgrind --tool=callgrind`.
     Callgrind {
         /// Kernel name (see --list).
@@ -194,6 +202,7 @@ fn main() -> Result<()> {
             }
             Ok(())
         }
+        Cmd::Decode { rounds } => decode::run(rounds.max(1)),
         Cmd::Kernels {
             rounds,
             json,

@@ -67,7 +67,7 @@ enum Command {
     Plans(rl_cmd::PlansArgs),
     /// Reinforcement learning on a verifiable task (GRPO), sampler and trainer each at the
     /// plan's precision; `rl compare` runs a grid of plans x corrections x seeds.
-    Rl(rl_cmd::RlArgs),
+    Rl(Box<rl_cmd::RlArgs>),
 }
 
 #[derive(Args, Debug)]
@@ -184,7 +184,7 @@ fn main() -> std::process::ExitCode {
         Command::Export(args) => export_cmd::run_export(args),
         Command::Tokenize(args) => tokenize_cmd::run_tokenize(args),
         Command::Plans(args) => rl_cmd::run_plans(args),
-        Command::Rl(args) => rl_cmd::run_rl(args),
+        Command::Rl(args) => rl_cmd::run_rl(*args),
     };
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,

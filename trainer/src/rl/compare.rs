@@ -142,9 +142,21 @@ pub fn write_report(out: &Path, grid: &[GridRun], from: &Path) -> Result<PathBuf
                 "-".to_string()
             } else {
                 let (m, sd) = mean_sd(&gaps);
-                format!("{:+.3} ± {:.3}", m, sd / (gaps.len() as f64).sqrt())
+                let se = sd / (gaps.len() as f64).sqrt();
+                if se.is_nan() {
+                    format!("{m:+.3}")
+                } else {
+                    format!("{m:+.3} ± {se:.3}")
+                }
             };
-            format!("{im:.3} | {fm:.3} ± {fsd:.3} | {gm:+.3} ± {gsd:.3} | {gap}")
+            let pm = |sd: f64| {
+                if sd.is_nan() {
+                    String::new()
+                } else {
+                    format!(" ± {sd:.3}")
+                }
+            };
+            format!("{im:.3} | {fm:.3}{} | {gm:+.3}{} | {gap}", pm(fsd), pm(gsd))
         };
         let greedy = cell(|s| s.initial_pass_rate, |s| s.final_pass_rate);
         let sampled = cell(

@@ -670,7 +670,7 @@ impl RlRun {
             version: RL_STATE_VERSION,
             step: self.step,
             cursor: self.cursor,
-            rng: self.rng.clone(),
+            rng: self.rng,
             model: self.model.cfg.clone(),
             plan: self.plan.clone(),
             config: self.cfg.clone(),
