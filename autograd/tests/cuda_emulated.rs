@@ -17,6 +17,7 @@ mod kernel_checks;
 use autograd::backend::{Backend, KernelBackend};
 use kernel_checks as k;
 use kernels_cuda::emu::{Emu, EmuError};
+use quant::{OperandQuant, RngKey, Usage};
 
 fn emu(test: &str) -> Option<KernelBackend<&'static Emu>> {
     match Emu::shared() {
@@ -71,3 +72,31 @@ on_emu!(
     tiny_model_step_matches_the_graph_step,
     k::tiny_model_step_matches_the_graph_step
 );
+
+/// The NVFP4 quantizer kernels (`nb_amax` / `nb_amax_rht_col`, `nb_nvfp4_quantize`,
+/// `nb_nvfp4_dequantize`) as the emulated linear layer's quantizer; every operand's codes,
+/// scales, amax and factor are asserted equal to quant's (the CPU linear's) on the same input,
+/// and its dequantized values to quant's.
+fn emu_nvfp4(
+    x: &[f32],
+    rows: usize,
+    cols: usize,
+    usage: Usage,
+    q: &OperandQuant,
+    key: RngKey,
+) -> Vec<f32> {
+    let e = Emu::shared().unwrap();
+    let t = e.quantize_nvfp4(x, rows, cols, usage, q, key).unwrap();
+    let cpu = k::cpu_quantizer(x, rows, cols, usage, q, key);
+    assert_eq!(
+        t, cpu,
+        "NVFP4 operand {rows}x{cols} {usage:?} {key:?}: emulated kernels vs quant"
+    );
+    let deq = e.dequantize_nvfp4(&t).unwrap();
+    k::same_bits("dequantized NVFP4 operand", &deq, &cpu.dequantize());
+    deq
+}
+
+on_emu!(tiny_model_nvfp4_step_matches_the_graph_step, |e| {
+    k::tiny_model_nvfp4_step_matches_the_graph_step(e, &emu_nvfp4)
+});

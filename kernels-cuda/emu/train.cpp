@@ -18,6 +18,7 @@
 #include "../cuda/embedding.cu"
 #include "../cuda/gemm.cu"
 #include "../cuda/norm.cu"
+#include "../cuda/nvfp4.cu"
 #include "../cuda/optim.cu"
 #include "../cuda/rope.cu"
 
@@ -81,6 +82,16 @@ EMU(nb_attn_bwd_dkdv)
 EMU(nb_sumsq_chunks)
 EMU(nb_norm_finish)
 EMU(nb_sgemm)
+// the NVFP4 quantizer's amax passes and its dequantization (kernels_cuda::emu::Emu::quantize_nvfp4)
+EMU(nb_amax)
+EMU(nb_amax_rht_col)
+EMU(nb_nvfp4_dequantize)
+
+// nb_nvfp4_quantize takes its arguments by value: slot 0 points at them.
+extern "C" void emu_nb_nvfp4_quantize(unsigned gx, unsigned gy, const slot* a) {
+  const Nvfp4Args args = *arg<const Nvfp4Args*>(a, 0);
+  emu::launch(dim3{gx, gy, 1}, [&] { nb_nvfp4_quantize(args); });
+}
 
 // nb_adamw takes its coefficients by value: slot 5 points at them.
 extern "C" void emu_nb_adamw(unsigned gx, unsigned gy, const slot* a) {

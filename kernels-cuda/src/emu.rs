@@ -185,3 +185,159 @@ impl Launcher for Emu {
         Ok(())
     }
 }
+
+impl Emu {
+    /// One NVFP4 quantization of the `rows x cols` row-major `x` (its rowwise or columnwise
+    /// copy, per `usage`) through the emulated CUDA kernels (`nb_amax` or `nb_amax_rht_col`,
+    /// then `nb_nvfp4_quantize`), planned by [`abi::plan_nvfp4`](crate::abi::plan_nvfp4) as
+    /// on a GPU: the same codes, scales, amax and factor as `quant::nvfp4::quantize` with the
+    /// same quantizer and key.
+    ///
+    /// # Errors
+    /// The plan's errors (shape, quantizer settings) and [`KernelError::NonFinite`] for NaN
+    /// or ±Inf input.
+    ///
+    /// ```no_run
+    /// use kernels_cuda::emu::Emu;
+    /// use quant::{OperandQuant, RngKey, Usage};
+    /// let emu = Emu::shared().expect("a C++20 compiler");
+    /// let x: Vec<f32> = (0..64).map(|i| i as f32 / 7.0).collect();
+    /// let key = RngKey { seed: 1, stream: 2 };
+    /// let q = OperandQuant::nvfp4();
+    /// let t = emu.quantize_nvfp4(&x, 4, 16, Usage::Rowwise, &q, key)?;
+    /// assert_eq!(emu.dequantize_nvfp4(&t)?, t.dequantize());
+    /// # Ok::<(), kernels_cuda::KernelError>(())
+    /// ```
+    pub fn quantize_nvfp4(
+        &self,
+        x: &[f32],
+        rows: usize,
+        cols: usize,
+        usage: quant::Usage,
+        q: &quant::OperandQuant,
+        key: quant::RngKey,
+    ) -> Result<quant::QuantizedTensor> {
+        use crate::abi::{self, AmaxPass, Args, Dims, OutPtrs};
+        if rows.checked_mul(cols) != Some(x.len()) {
+            return Err(KernelError::Unsupported(format!(
+                "quantize_nvfp4: {} values for a {rows} x {cols} input",
+                x.len()
+            )));
+        }
+        let dims = Dims { rows, cols };
+        let side = Some((q, key));
+        let mut plan = match usage {
+            quant::Usage::Rowwise => abi::plan_nvfp4(dims, side, None),
+            quant::Usage::Columnwise => abi::plan_nvfp4(dims, None, side),
+        }?;
+        let s = plan.row.or(plan.col).expect("one side planned");
+        let (mut codes, mut scales) = (vec![0u8; s.codes_len], vec![0u8; s.scale_len]);
+        let mut amax = [0u32; 4];
+        let mut meta = [0f32; 2];
+        let out = OutPtrs {
+            codes: codes.as_mut_ptr() as u64,
+            scales: scales.as_mut_ptr() as u64,
+        };
+        let (row, col) = match usage {
+            quant::Usage::Rowwise => (out, OutPtrs::default()),
+            quant::Usage::Columnwise => (OutPtrs::default(), out),
+        };
+        plan.set_pointers(
+            x.as_ptr() as u64,
+            amax.as_mut_ptr() as u64,
+            meta.as_mut_ptr() as u64,
+            row,
+            col,
+        );
+        let Args::Nvfp4(args) = plan.args else {
+            unreachable!("an NVFP4 plan")
+        };
+        let n = rows * cols;
+        // SAFETY: every pointer refers to a live buffer of the size the plan asks for, and
+        // the argument lists match the kernels' parameters (emu/train.cpp).
+        unsafe {
+            match plan.amax_pass {
+                AmaxPass::None => {}
+                AmaxPass::Plain => self.launch(
+                    "nb_amax",
+                    (self.grid_stride_blocks(n.div_ceil(4)), 1),
+                    &[
+                        Arg::Ptr(x.as_ptr() as u64),
+                        Arg::U64(n as u64),
+                        Arg::Ptr(amax.as_mut_ptr() as u64),
+                    ],
+                )?,
+                AmaxPass::RhtCol => self.launch(
+                    "nb_amax_rht_col",
+                    (plan.amax_grid.0, plan.amax_grid.1),
+                    &[
+                        Arg::Ptr(x.as_ptr() as u64),
+                        Arg::I32(args.rows),
+                        Arg::I32(args.cols),
+                        Arg::U64(args.rht_mask as u64),
+                        Arg::Ptr(amax.as_mut_ptr() as u64),
+                    ],
+                )?,
+            }
+            self.launch(
+                "nb_nvfp4_quantize",
+                (plan.grid.0, plan.grid.1),
+                &[Arg::Ptr(&args as *const _ as u64)],
+            )?;
+        }
+        let (rv, cv) = plan.results(&amax, &meta)?;
+        let (amax, tensor_scale_inv) = rv.or(cv).expect("one side planned");
+        Ok(quant::QuantizedTensor {
+            format: s.format,
+            block: s.block,
+            usage: s.usage,
+            rows: s.rows,
+            cols: s.cols,
+            padded_rows: s.padded_rows,
+            padded_cols: s.padded_cols,
+            codes,
+            scales,
+            amax,
+            tensor_scale_inv,
+        })
+    }
+
+    /// The values of an NVFP4 tensor in its stored layout (`t.rows x t.cols`, factor
+    /// applied) through the emulated `nb_nvfp4_dequantize`: bit for bit
+    /// `QuantizedTensor::dequantize`.
+    ///
+    /// # Errors
+    /// [`KernelError::Unsupported`] for another format or buffers that do not match the shape.
+    pub fn dequantize_nvfp4(&self, t: &quant::QuantizedTensor) -> Result<Vec<f32>> {
+        let pairs = t.padded_cols / 2;
+        if !matches!(t.format, quant::QuantFormat::Nvfp4 { .. })
+            || t.cols > t.padded_cols
+            || t.codes.len() < t.rows * pairs
+            || t.scales.len() < t.rows * t.padded_cols.div_ceil(16)
+        {
+            return Err(KernelError::Unsupported(format!(
+                "dequantize_nvfp4: not an NVFP4 tensor of its shape ({:?}, {} x {})",
+                t.format, t.rows, t.cols
+            )));
+        }
+        let n = t.rows * t.cols;
+        let mut out = vec![0f32; n];
+        // SAFETY: buffers sized as the kernel reads and writes them (checked above).
+        unsafe {
+            self.launch(
+                "nb_nvfp4_dequantize",
+                (self.grid_stride_blocks(n), 1),
+                &[
+                    Arg::Ptr(t.codes.as_ptr() as u64),
+                    Arg::Ptr(t.scales.as_ptr() as u64),
+                    Arg::I32(t.rows as i32),
+                    Arg::I32(t.cols as i32),
+                    Arg::I32(t.padded_cols as i32),
+                    Arg::F32(t.tensor_scale_inv),
+                    Arg::Ptr(out.as_mut_ptr() as u64),
+                ],
+            )?;
+        }
+        Ok(out)
+    }
+}
