@@ -77,20 +77,19 @@ fn probe(unit: Unit, iters: usize) -> Option<f64> {
         Unit::Fma if fp_formats::cpu::has_avx2_fma() => {
             let avx512 = std::is_x86_feature_detected!("avx512f");
             // SAFETY: the features were checked just above.
-            let r = unsafe {
+            unsafe {
                 if avx512 {
-                    x86::fma512(iters)
+                    x86::fma512(iters.max(1))
                 } else {
-                    x86::fma256(iters)
+                    x86::fma256(iters.max(1))
                 }
             };
-            std::hint::black_box(r);
             Some((iters * x86::ACC * if avx512 { 32 } else { 16 }) as f64)
         }
         #[cfg(target_arch = "x86_64")]
         Unit::Dpbf16 if fp_formats::cpu::has_avx512_bf16() => {
             // SAFETY: `has_avx512_bf16` checked AVX-512F and AVX512_BF16.
-            std::hint::black_box(unsafe { x86::dpbf16(iters) });
+            unsafe { x86::dpbf16(iters.max(1)) };
             Some((iters * x86::ACC * 64) as f64)
         }
         _ => None,
@@ -99,58 +98,78 @@ fn probe(unit: Unit, iters: usize) -> Option<f64> {
 
 #[cfg(target_arch = "x86_64")]
 mod x86 {
-    use std::arch::x86_64::*;
+    //! The probe loops in inline assembly (the workspace's MSRV predates the AVX-512
+    //! intrinsics): 14 independent accumulators, sources zeroed (no subnormal assists).
+
+    use std::arch::asm;
 
     /// Independent accumulators (more than latency x throughput of either unit).
-    pub const ACC: usize = 16;
+    pub const ACC: usize = 14;
 
-    #[target_feature(enable = "avx512f")]
-    pub unsafe fn fma512(iters: usize) -> f32 {
-        let mut acc = [_mm512_set1_ps(1.0); ACC];
-        let (a, b) = (_mm512_set1_ps(0.999_999), _mm512_set1_ps(1e-7));
-        for _ in 0..iters {
-            for r in acc.iter_mut() {
-                *r = _mm512_fmadd_ps(a, *r, b);
-            }
-        }
-        let mut s = _mm512_setzero_ps();
-        for r in acc {
-            s = _mm512_add_ps(s, r);
-        }
-        _mm512_reduce_add_ps(s)
+    macro_rules! probe_loop {
+        ($zero:literal, $op:literal, $r:literal, $iters:expr) => {
+            asm!(
+                $zero,
+                "2:",
+                concat!($op, " ", $r, "0, ", $r, "14, ", $r, "15"),
+                concat!($op, " ", $r, "1, ", $r, "14, ", $r, "15"),
+                concat!($op, " ", $r, "2, ", $r, "14, ", $r, "15"),
+                concat!($op, " ", $r, "3, ", $r, "14, ", $r, "15"),
+                concat!($op, " ", $r, "4, ", $r, "14, ", $r, "15"),
+                concat!($op, " ", $r, "5, ", $r, "14, ", $r, "15"),
+                concat!($op, " ", $r, "6, ", $r, "14, ", $r, "15"),
+                concat!($op, " ", $r, "7, ", $r, "14, ", $r, "15"),
+                concat!($op, " ", $r, "8, ", $r, "14, ", $r, "15"),
+                concat!($op, " ", $r, "9, ", $r, "14, ", $r, "15"),
+                concat!($op, " ", $r, "10, ", $r, "14, ", $r, "15"),
+                concat!($op, " ", $r, "11, ", $r, "14, ", $r, "15"),
+                concat!($op, " ", $r, "12, ", $r, "14, ", $r, "15"),
+                concat!($op, " ", $r, "13, ", $r, "14, ", $r, "15"),
+                "dec rcx",
+                "jnz 2b",
+                inout("rcx") $iters => _,
+                clobber_abi("C"),
+                options(nostack, nomem),
+            )
+        };
     }
 
-    #[target_feature(enable = "avx2,fma")]
-    pub unsafe fn fma256(iters: usize) -> f32 {
-        let mut acc = [_mm256_set1_ps(1.0); ACC];
-        let (a, b) = (_mm256_set1_ps(0.999_999), _mm256_set1_ps(1e-7));
-        for _ in 0..iters {
-            for r in acc.iter_mut() {
-                *r = _mm256_fmadd_ps(a, *r, b);
-            }
-        }
-        let mut s = _mm256_setzero_ps();
-        for r in acc {
-            s = _mm256_add_ps(s, r);
-        }
-        let v: [f32; 8] = std::mem::transmute(s);
-        v.iter().sum()
+    /// `iters` rounds of 14 512-bit FMAs.
+    ///
+    /// # Safety
+    /// The CPU must have AVX-512F; `iters >= 1`.
+    pub unsafe fn fma512(iters: usize) {
+        probe_loop!(
+            "vpxord zmm14, zmm14, zmm14\nvpxord zmm15, zmm15, zmm15",
+            "vfmadd231ps",
+            "zmm",
+            iters
+        );
     }
 
-    #[target_feature(enable = "avx512f,avx512bf16")]
-    pub unsafe fn dpbf16(iters: usize) -> f32 {
-        let mut acc = [_mm512_setzero_ps(); ACC];
-        let a: __m512bh = std::mem::transmute(_mm512_set1_epi16(0x3f80)); // 1.0
-        let b: __m512bh = std::mem::transmute(_mm512_set1_epi16(0x3380)); // 2^-24
-        for _ in 0..iters {
-            for r in acc.iter_mut() {
-                *r = _mm512_dpbf16_ps(*r, a, b);
-            }
-        }
-        let mut s = _mm512_setzero_ps();
-        for r in acc {
-            s = _mm512_add_ps(s, r);
-        }
-        _mm512_reduce_add_ps(s)
+    /// `iters` rounds of 14 256-bit FMAs.
+    ///
+    /// # Safety
+    /// The CPU must have AVX2 and FMA; `iters >= 1`.
+    pub unsafe fn fma256(iters: usize) {
+        probe_loop!(
+            "vxorps ymm14, ymm14, ymm14\nvxorps ymm15, ymm15, ymm15",
+            "vfmadd231ps",
+            "ymm",
+            iters
+        );
+    }
+
+    /// `iters` rounds of 14 512-bit BF16 dot products.
+    ///
+    /// # Safety
+    /// The CPU must have AVX-512F and AVX512_BF16; `iters >= 1`.
+    pub unsafe fn dpbf16(iters: usize) {
+        probe_loop!(
+            "vpxord zmm14, zmm14, zmm14\nvpxord zmm15, zmm15, zmm15",
+            "vdpbf16ps",
+            "zmm",
+            iters
+        );
     }
 }
