@@ -7,9 +7,9 @@
 //!
 //! * When both operands are quantized (any format but FP32), their values (element code
 //!   times block scale, without the per-tensor factor) are exactly BF16, and the product
-//!   runs on the BF16 GEMM ([`crate::gemm::bf16`]: AMX-BF16 tiles where the CPU has them,
-//!   FP32 accumulation in a fixed order, docs/numerics.md#the-bf16-gemm). With an FP32
-//!   operand on either side it runs on the f32 GEMM ([`sgemm`]).
+//!   runs on [`quantized_gemm_tn`]: the BF16 GEMM on AMX-BF16 tiles where the CPU has them
+//!   (FP32 accumulation in a fixed order, docs/numerics.md#the-bf16-gemm), the f32 GEMM
+//!   elsewhere. With an FP32 operand on either side it runs on the f32 GEMM ([`sgemm`]).
 //!
 //! * An [`Operand`] is a row-major `[rows, cols]` tensor and a [`Usage`]: rowwise, the GEMM
 //!   operand is the tensor itself; columnwise, its transpose (`[cols, rows]`).
@@ -47,7 +47,7 @@
 use std::cell::Cell;
 
 use crate::config::{Fp8Scaling, OperandQuant, QuantFormat, RoundingMode, Usage};
-use crate::gemm::bf16::{bf16_gemm_tn, Bf16Workspace};
+use crate::gemm::bf16::{quantized_gemm_tn, Bf16Workspace};
 use crate::gemm::{sgemm, MatRef};
 use crate::{fake, QuantError, QuantState, RngKey};
 
@@ -350,7 +350,7 @@ fn finish(
     packed: &mut Bf16Workspace,
 ) {
     if qa && qb {
-        bf16_gemm_tn(av, bv, out, packed);
+        quantized_gemm_tn(av, bv, out, packed);
     } else {
         // B̂ᵀ: [K, N].
         sgemm(1.0, av, bv.t(), 0.0, out);

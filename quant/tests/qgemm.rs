@@ -4,7 +4,7 @@
 //! configurations are checked with typed errors.
 
 use fp_formats::mx::{MxElement, ScaleRule};
-use quant::gemm::bf16::{bf16_bits, bf16_gemm_tn, Bf16Workspace};
+use quant::gemm::bf16::{bf16_bits, quantized_gemm_tn, Bf16Workspace};
 use quant::gemm::{matmul_tn, sgemm, MatRef};
 use quant::qgemm::{quantized_matmul_tn, quantized_matmul_tn_with, GemmWorkspace, Operand};
 use quant::{
@@ -181,7 +181,7 @@ fn quantized_equals_fake_quantize_then_gemm() {
             }
         }
         if quantized == [true, true] {
-            bf16_gemm_tn(
+            quantized_gemm_tn(
                 MatRef::row_major(&fa, m, k),
                 MatRef::row_major(&fb, n, k),
                 &mut want,

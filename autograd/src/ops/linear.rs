@@ -10,9 +10,9 @@
 //! Every GEMM is one call of [`quant::qgemm::quantized_matmul_tn`], each operand quantized
 //! from the high-precision tensor (rowwise and columnwise copies independently), and the
 //! gradients pass straight through the quantizers. When both operands of a GEMM are
-//! quantized (BF16, FP8, MX, NVFP4) it runs on the BF16 GEMM (`quant::gemm::bf16`, AMX-BF16
-//! tiles where the CPU has them, FP32 accumulation in a fixed order); with an FP32 operand,
-//! on the f32 GEMM. Either way each output element's arithmetic does not depend on the
+//! quantized (BF16, FP8, MX, NVFP4) it runs on `quant::gemm::bf16::quantized_gemm_tn`
+//! (the BF16 GEMM on AMX-BF16 tiles where the CPU has them, FP32 accumulation in a fixed
+//! order; the f32 GEMM elsewhere); with an FP32 operand, on the f32 GEMM. Either way each output element's arithmetic does not depend on the
 //! number of rows or threads. Random bits (stochastic rounding, random
 //! Hadamard signs) come from a distinct Philox stream per operand role, layer and step: see
 //! [`gemm_stream`]. An all-FP32 policy is bit for bit the plain f32 linear layer.
@@ -269,7 +269,7 @@ impl Graph<'_> {
 
 #[cfg(test)]
 mod tests {
-    use quant::gemm::bf16::{bf16_gemm_tn, Bf16Workspace};
+    use quant::gemm::bf16::{quantized_gemm_tn, Bf16Workspace};
     use quant::gemm::{matmul_tn, sgemm, MatRef};
     use quant::{
         fake, AmaxAlgo, Fp8Element, Fp8Scaling, GemmPolicy, OperandQuant, QuantFormat, QuantState,
@@ -382,7 +382,7 @@ mod tests {
         // BF16 operands, the BF16 GEMM (FP32 accumulation in its fixed order)
         let mut bw = Bf16Workspace::new();
         let mut y_ref = vec![0.0; t * n_out];
-        bf16_gemm_tn(
+        quantized_gemm_tn(
             MatRef::row_major(&rb(&xs), t, n_in),
             MatRef::row_major(&rb(&ws), n_out, n_in),
             &mut y_ref,
@@ -390,7 +390,7 @@ mod tests {
         );
         assert_eq!(y, y_ref);
         let mut dx_ref = vec![0.0; t * n_in];
-        bf16_gemm_tn(
+        quantized_gemm_tn(
             MatRef::row_major(&rb(&r), t, n_out),
             MatRef::row_major(&rb(&ws), n_out, n_in).t(),
             &mut dx_ref,
@@ -446,7 +446,7 @@ mod tests {
         let (qb, n, _, fb) = quantize(b);
         let mut out = vec![0.0f32; m * n];
         if both {
-            bf16_gemm_tn(
+            quantized_gemm_tn(
                 MatRef::row_major(&qa, m, k),
                 MatRef::row_major(&qb, n, k),
                 &mut out,

@@ -110,6 +110,33 @@ pub fn bf16_gemm_tn(a: MatRef<'_>, b: MatRef<'_>, out: &mut [f32], ws: &mut Bf16
     gemm(fp_formats::cpu::has_amx_bf16(), a, b, out, ws);
 }
 
+/// The GEMM that two quantized operands (values exactly BF16, see [`crate::qgemm`]) multiply
+/// on in training: the AMX-BF16 unit ([`bf16_gemm_tn`]'s arithmetic) where
+/// [`fp_formats::cpu::has_amx_bf16`] says the CPU has it, the f32 GEMM
+/// ([`sgemm`](crate::gemm::sgemm), FP32 products and sums) elsewhere. The portable model of
+/// the tile arithmetic reproduces AMX bit for bit but runs two orders of magnitude slower
+/// than the f32 GEMM, so it serves the tests, not training: on a CPU without AMX (or with
+/// `NIBBLE_FORCE_PORTABLE`) quantized recipes keep the f32 GEMM's sums. Either way each
+/// output element depends only on its two rows, never on `M` or the thread count; which of
+/// the two arithmetics ran is a property of the machine, so bitwise reproduction holds per
+/// machine (docs/numerics.md#the-bf16-gemm).
+///
+/// ```
+/// use quant::gemm::{bf16::{quantized_gemm_tn, Bf16Workspace}, MatRef};
+/// let a = [1.0f32, 2.0, 3.0, 4.0]; // [2, 2]
+/// let b = [1.0f32, 0.0, 0.0, 1.0, 1.0, 1.0]; // [3, 2]
+/// let mut c = [0.0f32; 6];
+/// quantized_gemm_tn(MatRef::row_major(&a, 2, 2), MatRef::row_major(&b, 3, 2), &mut c, &mut Bf16Workspace::new());
+/// assert_eq!(c, [1.0, 2.0, 3.0, 3.0, 4.0, 7.0]);
+/// ```
+pub fn quantized_gemm_tn(a: MatRef<'_>, b: MatRef<'_>, out: &mut [f32], ws: &mut Bf16Workspace) {
+    if fp_formats::cpu::has_amx_bf16() {
+        gemm(true, a, b, out, ws);
+    } else {
+        crate::gemm::sgemm(1.0, a, b.t(), 0.0, out);
+    }
+}
+
 /// [`bf16_gemm_tn`] on the portable code whatever the CPU (for tests and benchmarks that
 /// compare the two; the bits are the same).
 #[doc(hidden)]
