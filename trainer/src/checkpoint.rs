@@ -22,11 +22,11 @@ use quant::QuantState;
 use safetensors::tensor::{Dtype, TensorView};
 use serde::{Deserialize, Serialize};
 
+use crate::config::TrainConfig;
 use crate::data::{BatcherState, DataSource};
 use crate::interrupt;
 use crate::model::ModelConfig;
 use crate::recipe::Recipe;
-use crate::config::TrainConfig;
 
 /// Version of [`TrainState`]'s layout.
 pub const STATE_VERSION: u32 = 1;

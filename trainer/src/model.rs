@@ -558,8 +558,7 @@ impl Gpt {
         linear: &mut LinearFn<'_>,
     ) -> Result<Tensor, ModelError> {
         let cfg = &self.cfg;
-        if batch == 0 || tokens.is_empty() || tokens.len() % batch != 0 || batch != cache.batch()
-        {
+        if batch == 0 || tokens.is_empty() || tokens.len() % batch != 0 || batch != cache.batch() {
             return Err(ModelError::Invalid(format!(
                 "{} tokens do not form {batch} rows of a cache of {} rows",
                 tokens.len(),
