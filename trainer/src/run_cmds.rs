@@ -442,12 +442,18 @@ pub fn run_sample(args: SampleArgs) -> Result<()> {
     let mut s = Sampler::load(&args.checkpoint, recipe)?;
     let tok = trainer::hf::tokenizer_of(&args.checkpoint)?;
     let tok = match tok {
-        Some(t) if t.vocab_size() as usize <= s.vocab() => t,
-        Some(t) => bail!(
+        Some(t) if t.vocab_size() as usize > s.vocab() => bail!(
             "the tokenizer ({}) has more tokens than the model ({})",
             t.describe(),
             s.vocab()
         ),
+        Some(t) if (t.vocab_size() as usize) < s.vocab() && !args.ids => bail!(
+            "the model's vocabulary has {} tokens, more than its tokenizer's ({}): a sampled id \
+             beyond the tokenizer has no text; pass --ids to print token ids",
+            s.vocab(),
+            t.describe()
+        ),
+        Some(t) => t,
         None if s.vocab() <= 256 => trainer::data::Tokenizer::Bytes,
         None if args.ids => trainer::data::Tokenizer::Bytes,
         None => bail!(
