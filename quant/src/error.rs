@@ -12,6 +12,17 @@ pub enum QuantError {
     /// Four Over Six combined with RHT or stochastic rounding).
     #[error("invalid quantization settings: {0}")]
     InvalidConfig(String),
+    /// A matrix dimension exceeds the bound the quantizers accept
+    /// ([`crate::matrix::MAX_DIM`]).
+    #[error("a [{rows}, {cols}] matrix exceeds the largest dimension {max}")]
+    DimensionTooLarge {
+        /// Rows asked for.
+        rows: usize,
+        /// Columns asked for.
+        cols: usize,
+        /// The bound.
+        max: usize,
+    },
     /// The two GEMM operands do not agree on the reduction dimension, or the output buffer
     /// has the wrong size.
     #[error("GEMM shape mismatch: {0}")]

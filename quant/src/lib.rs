@@ -12,6 +12,7 @@ pub mod config;
 mod describe;
 mod error;
 pub mod gemm;
+pub mod matrix;
 pub mod tensor;
 
 pub mod bf16;
@@ -34,6 +35,7 @@ pub use config::{
 };
 pub use error::QuantError;
 pub use fp8::QuantState;
+pub use matrix::{MatRef, MAX_DIM};
 pub use tensor::QuantizedTensor;
 
 /// Identifies the random stream of a stochastically rounded (or randomly signed) operand:

@@ -10,52 +10,7 @@
 mod amx;
 pub mod bf16;
 
-/// A read-only strided matrix view: element `(i, j)` is `data[i * row_stride + j * col_stride]`.
-#[derive(Clone, Copy, Debug)]
-pub struct MatRef<'a> {
-    /// Backing storage.
-    pub data: &'a [f32],
-    /// Rows.
-    pub rows: usize,
-    /// Columns.
-    pub cols: usize,
-    /// Distance between rows.
-    pub row_stride: usize,
-    /// Distance between columns.
-    pub col_stride: usize,
-}
-
-impl<'a> MatRef<'a> {
-    /// A row-major `[rows, cols]` matrix.
-    pub fn row_major(data: &'a [f32], rows: usize, cols: usize) -> Self {
-        MatRef {
-            data,
-            rows,
-            cols,
-            row_stride: cols,
-            col_stride: 1,
-        }
-    }
-
-    /// The transpose (a view; nothing moves).
-    pub fn t(self) -> Self {
-        MatRef {
-            data: self.data,
-            rows: self.cols,
-            cols: self.rows,
-            row_stride: self.col_stride,
-            col_stride: self.row_stride,
-        }
-    }
-
-    pub(crate) fn fits(&self) -> bool {
-        if self.rows == 0 || self.cols == 0 {
-            return true;
-        }
-        let last = (self.rows - 1) * self.row_stride + (self.cols - 1) * self.col_stride;
-        last < self.data.len()
-    }
-}
+pub use crate::matrix::MatRef;
 
 /// `C = alpha · A · B + beta · C` with `A: [m, k]`, `B: [k, n]` and `C` row-major `[m, n]`.
 /// With `beta == 0`, `C` is overwritten (NaNs in it do not propagate).
