@@ -36,6 +36,7 @@ use serde_json::{json, Value};
 
 use crate::data::{Tokenizer, TOKENIZER_FILE};
 use crate::model::{MlpKind, ModelConfig};
+use crate::rundir::StagedDir;
 
 /// Why an export or import failed. Nothing is left in the output directory.
 #[derive(Debug, thiserror::Error)]
@@ -66,9 +67,10 @@ pub enum HfError {
     /// Writing, quantizing or reading safetensors failed.
     #[error(transparent)]
     Tensors(#[from] fp_formats::checkpoint::CheckpointError),
-    /// The output exists and is not empty.
-    #[error("{}: the output exists and is not empty; refusing to overwrite (choose a new directory)", .0.display())]
-    OutputExists(PathBuf),
+    /// The output directory could not be staged or committed (it exists and is not empty,
+    /// or a file-system error).
+    #[error(transparent)]
+    Output(#[from] crate::rundir::StageError),
     /// The folder's tensors do not fit in memory (the message carries the estimate).
     #[error(transparent)]
     TooLarge(#[from] crate::memory::TooLarge),
@@ -274,94 +276,6 @@ fn write_json(path: &Path, v: &Value) -> Result<(), HfError> {
     fs::write(path, s).map_err(io(path))
 }
 
-/// Removes the staging directories `PREFIX<pid>` in `parent` of processes that no longer
-/// run (killed exports: their `Drop` never ran).
-fn remove_stale_staging(parent: &Path, prefix: &str) -> Result<(), HfError> {
-    let entries = fs::read_dir(parent).map_err(io(parent))?;
-    for e in entries.flatten() {
-        let name = e.file_name().to_string_lossy().into_owned();
-        let Some(pid) = name
-            .strip_prefix(prefix)
-            .and_then(|p| p.parse::<u32>().ok())
-        else {
-            continue;
-        };
-        if pid != std::process::id() && !process_alive(pid) {
-            let p = e.path();
-            fs::remove_dir_all(&p).map_err(io(&p))?;
-        }
-    }
-    Ok(())
-}
-
-#[cfg(unix)]
-fn process_alive(pid: u32) -> bool {
-    let Ok(pid) = libc::pid_t::try_from(pid) else {
-        return false;
-    };
-    // SAFETY: signal 0 only checks that the process exists; nothing is sent.
-    let r = unsafe { libc::kill(pid, 0) };
-    r == 0 || std::io::Error::last_os_error().raw_os_error() != Some(libc::ESRCH)
-}
-
-#[cfg(not(unix))]
-fn process_alive(_pid: u32) -> bool {
-    true // unknown: keep it
-}
-
-/// A hidden sibling directory renamed onto `out` on success, removed otherwise.
-struct Staging {
-    tmp: PathBuf,
-    out: PathBuf,
-    done: bool,
-}
-
-impl Staging {
-    fn new(out: &Path, tag: &str) -> Result<Staging, HfError> {
-        if out.exists() && !(out.is_dir() && fs::read_dir(out).map_err(io(out))?.next().is_none()) {
-            return Err(HfError::OutputExists(out.to_path_buf()));
-        }
-        let name = out
-            .file_name()
-            .ok_or_else(|| HfError::Unsupported(format!("bad output path {}", out.display())))?
-            .to_string_lossy()
-            .into_owned();
-        let parent = match out.parent() {
-            Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
-            _ => PathBuf::from("."),
-        };
-        fs::create_dir_all(&parent).map_err(io(&parent))?;
-        remove_stale_staging(&parent, &format!(".{name}.{tag}-"))?;
-        let tmp = parent.join(format!(".{name}.{tag}-{}", std::process::id()));
-        if tmp.exists() {
-            fs::remove_dir_all(&tmp).map_err(io(&tmp))?;
-        }
-        fs::create_dir(&tmp).map_err(io(&tmp))?;
-        Ok(Staging {
-            tmp,
-            out: out.to_path_buf(),
-            done: false,
-        })
-    }
-
-    fn commit(mut self) -> Result<(), HfError> {
-        if self.out.is_dir() {
-            fs::remove_dir(&self.out).map_err(io(&self.out))?;
-        }
-        fs::rename(&self.tmp, &self.out).map_err(io(&self.out))?;
-        self.done = true;
-        Ok(())
-    }
-}
-
-impl Drop for Staging {
-    fn drop(&mut self) {
-        if !self.done {
-            let _ = fs::remove_dir_all(&self.tmp);
-        }
-    }
-}
-
 /// How to export.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct ExportOptions {
@@ -526,8 +440,8 @@ pub fn export_model(
                 )),
             }
         };
-    let staging = Staging::new(out, "export")?;
-    let dir = &staging.tmp;
+    let staging = StagedDir::new(out, "export")?;
+    let dir = staging.path();
     let mut meta = BTreeMap::from([
         ("format".to_string(), "pt".to_string()),
         ("producer".to_string(), producer()),
@@ -598,7 +512,7 @@ pub fn export_model(
                 ..Default::default()
             };
             let r =
-                fp_formats::checkpoint::quantize_checkpoint(&staging.tmp, out, &q, &NoProgress)?;
+                fp_formats::checkpoint::quantize_checkpoint(staging.path(), out, &q, &NoProgress)?;
             report.quantized = r.quantized().count();
             drop(staging);
         }

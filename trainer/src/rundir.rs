@@ -13,6 +13,9 @@
 //!   [`remove_atomic_leftovers`] the `.NAME.tmp` files of a killed [`write_atomic`].
 //! * [`write_atomic`] writes a file through a temporary name, fsync and rename, so a reader
 //!   (or a crash) sees the old or the new content, never a truncated file.
+//! * [`StagedDir`] builds a whole output directory (an export, a tokenized corpus) in a hidden
+//!   sibling and renames it onto the output only when complete, so the output is either absent
+//!   or whole.
 
 use std::fs;
 use std::io::{Read as _, Seek as _, Write as _};
@@ -327,4 +330,142 @@ mod tests {
         assert_eq!(fs::read_to_string(&p).unwrap(), "a = 2\n");
         assert!(!tmp.path().join(".run.toml.tmp").exists());
     }
+}
+
+/// Why a staged output directory could not be set up or committed.
+#[derive(Debug, thiserror::Error)]
+pub enum StageError {
+    /// The output exists and is not an empty directory.
+    #[error("{}: the output exists and is not empty; refusing to overwrite (choose a new directory)", .0.display())]
+    OutputExists(PathBuf),
+    /// The output path has no final component (e.g. `/` or `..`).
+    #[error("{}: not a directory name", .0.display())]
+    BadPath(PathBuf),
+    /// File-system error.
+    #[error("{}: {source}", path.display())]
+    Io {
+        /// The file or directory.
+        path: PathBuf,
+        /// The error.
+        source: std::io::Error,
+    },
+}
+
+fn stage_io(path: &Path) -> impl FnOnce(std::io::Error) -> StageError + '_ {
+    move |source| StageError::Io {
+        path: path.to_path_buf(),
+        source,
+    }
+}
+
+/// An output directory built in a hidden sibling `.NAME.TAG-PID` and renamed onto `NAME` by
+/// [`StagedDir::commit`]; dropped before that (an error, a panic), the sibling is removed.
+/// Siblings left by killed processes (whose `Drop` never ran) are removed when the next
+/// `StagedDir` for the same output and tag is created.
+///
+/// ```
+/// # let base = std::env::temp_dir().join(format!("staged-doc-{}", std::process::id()));
+/// let out = base.join("export");
+/// let staged = trainer::rundir::StagedDir::new(&out, "export")?;
+/// std::fs::write(staged.path().join("config.json"), "{}")?;
+/// assert!(!out.exists()); // nothing visible until the commit
+/// staged.commit()?;
+/// assert!(out.join("config.json").exists());
+/// # std::fs::remove_dir_all(&base)?;
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+#[derive(Debug)]
+pub struct StagedDir {
+    tmp: PathBuf,
+    out: PathBuf,
+    done: bool,
+}
+
+impl StagedDir {
+    /// Creates the hidden sibling of `out` (which must be absent or an empty directory).
+    pub fn new(out: &Path, tag: &str) -> Result<StagedDir, StageError> {
+        if out.exists()
+            && !(out.is_dir() && fs::read_dir(out).map_err(stage_io(out))?.next().is_none())
+        {
+            return Err(StageError::OutputExists(out.to_path_buf()));
+        }
+        let name = out
+            .file_name()
+            .ok_or_else(|| StageError::BadPath(out.to_path_buf()))?
+            .to_string_lossy()
+            .into_owned();
+        let parent = match out.parent() {
+            Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
+            _ => PathBuf::from("."),
+        };
+        fs::create_dir_all(&parent).map_err(stage_io(&parent))?;
+        remove_stale_staging(&parent, &format!(".{name}.{tag}-"))?;
+        let tmp = parent.join(format!(".{name}.{tag}-{}", std::process::id()));
+        if tmp.exists() {
+            fs::remove_dir_all(&tmp).map_err(stage_io(&tmp))?;
+        }
+        fs::create_dir(&tmp).map_err(stage_io(&tmp))?;
+        Ok(StagedDir {
+            tmp,
+            out: out.to_path_buf(),
+            done: false,
+        })
+    }
+
+    /// The directory to write into.
+    pub fn path(&self) -> &Path {
+        &self.tmp
+    }
+
+    /// Renames the staged directory onto the output.
+    pub fn commit(mut self) -> Result<(), StageError> {
+        if self.out.is_dir() {
+            fs::remove_dir(&self.out).map_err(stage_io(&self.out))?;
+        }
+        fs::rename(&self.tmp, &self.out).map_err(stage_io(&self.out))?;
+        self.done = true;
+        Ok(())
+    }
+}
+
+impl Drop for StagedDir {
+    fn drop(&mut self) {
+        if !self.done {
+            let _ = fs::remove_dir_all(&self.tmp);
+        }
+    }
+}
+
+/// Removes the staging directories `PREFIX<pid>` in `parent` of processes that no longer run.
+fn remove_stale_staging(parent: &Path, prefix: &str) -> Result<(), StageError> {
+    let entries = fs::read_dir(parent).map_err(stage_io(parent))?;
+    for e in entries.flatten() {
+        let name = e.file_name().to_string_lossy().into_owned();
+        let Some(pid) = name
+            .strip_prefix(prefix)
+            .and_then(|p| p.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        if pid != std::process::id() && !process_alive(pid) {
+            let p = e.path();
+            fs::remove_dir_all(&p).map_err(stage_io(&p))?;
+        }
+    }
+    Ok(())
+}
+
+#[cfg(unix)]
+fn process_alive(pid: u32) -> bool {
+    let Ok(pid) = libc::pid_t::try_from(pid) else {
+        return false;
+    };
+    // SAFETY: signal 0 only checks that the process exists; nothing is sent.
+    let r = unsafe { libc::kill(pid, 0) };
+    r == 0 || std::io::Error::last_os_error().raw_os_error() != Some(libc::ESRCH)
+}
+
+#[cfg(not(unix))]
+fn process_alive(_pid: u32) -> bool {
+    true // unknown: keep it
 }

@@ -264,7 +264,13 @@ fn unsupported_configurations_and_existing_outputs_are_refused() {
     let (cfg, t) = golden_model();
     hf::export_model(&cfg, &t, &d.0.join("m"), &ExportOptions::default()).unwrap();
     let e = hf::export_model(&cfg, &t, &d.0.join("m"), &ExportOptions::default()).unwrap_err();
-    assert!(matches!(e, HfError::OutputExists(_)), "{e}");
+    assert!(
+        matches!(
+            e,
+            HfError::Output(trainer::rundir::StageError::OutputExists(_))
+        ),
+        "{e}"
+    );
     // A config that the GPT cannot run: grouped-query attention.
     let mut c: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(d.0.join("m/config.json")).unwrap()).unwrap();

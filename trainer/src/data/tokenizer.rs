@@ -60,6 +60,10 @@ pub enum TokenizerError {
     /// The request does not fit in memory (the message carries the estimate).
     #[error(transparent)]
     TooLarge(#[from] crate::memory::TooLarge),
+    /// The output directory could not be staged or committed (it exists and is not empty,
+    /// or a file-system error).
+    #[error(transparent)]
+    Output(#[from] crate::rundir::StageError),
 }
 
 /// A trained byte-level BPE.

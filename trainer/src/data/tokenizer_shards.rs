@@ -16,6 +16,7 @@ use std::path::{Path, PathBuf};
 use super::files::{llmc_shard_bytes, open_shard, ShardFormat};
 use super::tokenizer::{Tokenizer, TokenizerError};
 use super::{DataError, Tokens};
+use crate::rundir::StagedDir;
 
 /// The tokenizer file of a tokenized folder (and of a run directory trained on one).
 pub const TOKENIZER_FILE: &str = "tokenizer.json";
@@ -62,64 +63,6 @@ fn chunks(text: &str) -> Vec<&str> {
         start = end;
     }
     out
-}
-
-/// A hidden sibling directory renamed onto `out` by `commit`, removed if dropped before.
-struct Staging {
-    tmp: PathBuf,
-    out: PathBuf,
-    done: bool,
-}
-
-impl Staging {
-    fn new(out: &Path) -> Result<Staging, TokenizerError> {
-        if out.exists() && !(out.is_dir() && fs::read_dir(out).map_err(io(out))?.next().is_none()) {
-            return Err(TokenizerError::Bad {
-                origin: out.display().to_string(),
-                message: "the output exists and is not empty; refusing to overwrite".into(),
-            });
-        }
-        let name = out
-            .file_name()
-            .ok_or_else(|| TokenizerError::Bad {
-                origin: out.display().to_string(),
-                message: "not a directory name".into(),
-            })?
-            .to_string_lossy()
-            .into_owned();
-        let parent = match out.parent() {
-            Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
-            _ => PathBuf::from("."),
-        };
-        fs::create_dir_all(&parent).map_err(io(&parent))?;
-        let tmp = parent.join(format!(".{name}.tokenize-{}", std::process::id()));
-        if tmp.exists() {
-            fs::remove_dir_all(&tmp).map_err(io(&tmp))?;
-        }
-        fs::create_dir(&tmp).map_err(io(&tmp))?;
-        Ok(Staging {
-            tmp,
-            out: out.to_path_buf(),
-            done: false,
-        })
-    }
-
-    fn commit(mut self) -> Result<(), TokenizerError> {
-        if self.out.is_dir() {
-            fs::remove_dir(&self.out).map_err(io(&self.out))?;
-        }
-        fs::rename(&self.tmp, &self.out).map_err(io(&self.out))?;
-        self.done = true;
-        Ok(())
-    }
-}
-
-impl Drop for Staging {
-    fn drop(&mut self) {
-        if !self.done {
-            let _ = fs::remove_dir_all(&self.tmp);
-        }
-    }
 }
 
 /// A whole UTF-8 text file (size checked against the memory available first).
@@ -179,7 +122,7 @@ pub fn tokenize_files(
         &format!("a shard buffer of {shard_tokens} tokens"),
         shard_tokens as u128 * 2,
     )?;
-    let staging = Staging::new(out)?;
+    let staging = StagedDir::new(out, "tokenize")?;
     let mut report = TokenizeReport {
         bytes: 0,
         tokens: 0,
@@ -188,7 +131,7 @@ pub fn tokenize_files(
     let mut buf: Vec<u16> = Vec::new();
     let flush = |buf: &mut Vec<u16>, report: &mut TokenizeReport| -> Result<(), TokenizerError> {
         let name = shard_name(report.shards.len());
-        let p = staging.tmp.join(&name);
+        let p = staging.path().join(&name);
         let bytes = llmc_shard_bytes(buf).map_err(|e| TokenizerError::Codec(e.to_string()))?;
         fs::write(&p, bytes).map_err(io(&p))?;
         report.shards.push(out.join(name));
@@ -219,7 +162,7 @@ pub fn tokenize_files(
         report.tokens += buf.len() as u64;
         flush(&mut buf, &mut report)?;
     }
-    let tpath = staging.tmp.join(TOKENIZER_FILE);
+    let tpath = staging.path().join(TOKENIZER_FILE);
     fs::write(&tpath, tokenizer.to_json()).map_err(io(&tpath))?;
     staging.commit()?;
     Ok(report)
