@@ -16,7 +16,7 @@
 use fp_formats::{bf16_from_f32, round_to_bf16, Overflow, Rounding};
 use rayon::prelude::*;
 
-use crate::config::{OperandQuant, QuantFormat, Rht, RoundingMode, Usage};
+use crate::config::{OperandQuant, QuantFormat, RoundingMode, Usage};
 use crate::panel::{self, grow, stored_panel, stored_shape, with_scratch};
 use crate::{QuantError, QuantizedTensor, RngKey};
 
@@ -26,16 +26,6 @@ fn check(q: &OperandQuant, want: QuantFormat) -> Result<(), QuantError> {
             "{want:?} quantizer called with {:?}",
             q.format
         )));
-    }
-    if q.rht != Rht::Off {
-        return Err(QuantError::InvalidConfig(
-            "the Hadamard transform is only supported for NVFP4 and MX".into(),
-        ));
-    }
-    if want == QuantFormat::F32 && q.rounding == RoundingMode::Stochastic {
-        return Err(QuantError::InvalidConfig(
-            "F32 has nothing to round stochastically".into(),
-        ));
     }
     Ok(())
 }
@@ -125,7 +115,7 @@ fn round_tensor<T: Send>(
 /// Quantizes to BF16 in the stored layout (two bytes per element, little endian).
 ///
 /// Errors: a format other than BF16, RHT requested, `x.len() != rows * cols`.
-pub fn quantize(
+pub(crate) fn quantize(
     x: &[f32],
     rows: usize,
     cols: usize,
@@ -156,7 +146,7 @@ pub fn quantize(
 }
 
 /// Fake quantization to BF16 in the stored layout; returns the per-tensor factor 1.
-pub fn fake_quantize_into(
+pub(crate) fn fake_quantize_into(
     x: &[f32],
     rows: usize,
     cols: usize,
@@ -191,7 +181,7 @@ pub(crate) fn fake_quantize_counting(
 ///
 /// # Panics
 /// If the tensor is not BF16.
-pub fn dequantize(t: &QuantizedTensor) -> Vec<f32> {
+pub(crate) fn dequantize(t: &QuantizedTensor) -> Vec<f32> {
     assert_eq!(
         t.format,
         QuantFormat::Bf16,
@@ -216,7 +206,7 @@ pub fn dequantize(t: &QuantizedTensor) -> Vec<f32> {
 /// assert_eq!((t.rows, t.cols), (3, 2));
 /// assert_eq!(bf16::dequantize_f32(&t), vec![1.0, 4.0, 2.0, 5.0, 3.0, 6.0]);
 /// ```
-pub fn quantize_f32(
+pub(crate) fn quantize_f32(
     x: &[f32],
     rows: usize,
     cols: usize,
@@ -243,7 +233,7 @@ pub fn quantize_f32(
 }
 
 /// F32 fake quantization: copies the stored layout into `out`; returns 1.
-pub fn fake_quantize_into_f32(
+pub(crate) fn fake_quantize_into_f32(
     x: &[f32],
     rows: usize,
     cols: usize,
@@ -286,7 +276,7 @@ pub fn fake_quantize_into_f32(
 ///
 /// # Panics
 /// If the tensor is not F32.
-pub fn dequantize_f32(t: &QuantizedTensor) -> Vec<f32> {
+pub(crate) fn dequantize_f32(t: &QuantizedTensor) -> Vec<f32> {
     assert_eq!(
         t.format,
         QuantFormat::F32,

@@ -315,14 +315,7 @@ struct Cast {
 
 fn settings(q: &OperandQuant) -> Result<(Fp8Element, Fp8Scaling), QuantError> {
     match q.format {
-        QuantFormat::Fp8 { element, scaling } => {
-            if q.rht != crate::Rht::Off {
-                return Err(QuantError::InvalidConfig(
-                    "the Hadamard transform is only supported for NVFP4 and MX".into(),
-                ));
-            }
-            Ok((element, scaling))
-        }
+        QuantFormat::Fp8 { element, scaling } => Ok((element, scaling)),
         other => Err(QuantError::InvalidConfig(format!(
             "fp8 quantizer called with {other:?}"
         ))),
@@ -511,7 +504,7 @@ fn random_bytes(sr: Option<RngKey>, buf: &mut Vec<u8>, start: usize, len: usize)
 ///
 /// Errors: a format other than FP8, RHT requested, `x.len() != rows * cols`, or a state
 /// whose history length differs from the operand's.
-pub fn quantize(
+pub(crate) fn quantize(
     x: &[f32],
     rows: usize,
     cols: usize,
@@ -562,7 +555,7 @@ fn quantize_impl(
 /// without the factor, bit for bit, computed by the fused cast (`fp8/fast.rs`) without
 /// producing codes.
 #[allow(clippy::too_many_arguments)]
-pub fn fake_quantize_into(
+pub(crate) fn fake_quantize_into(
     x: &[f32],
     rows: usize,
     cols: usize,
@@ -613,7 +606,7 @@ fn fake_impl(
 ///
 /// # Panics
 /// If the tensor is not per-tensor FP8.
-pub fn dequantize(t: &QuantizedTensor) -> Vec<f32> {
+pub(crate) fn dequantize(t: &QuantizedTensor) -> Vec<f32> {
     let QuantFormat::Fp8 { element, .. } = t.format else {
         panic!("fp8::dequantize called on {:?}", t.format);
     };

@@ -6,6 +6,10 @@
 //! Over Six), MX (MXFP8 / MXFP6 / MXFP4 with every scale rule, Tseng et al.'s unbiased
 //! stochastic MXFP4), per-tensor FP8 (current and delayed scaling), fake quantization, an
 //! emulated quantized GEMM and error statistics.
+//!
+//! Every quantizer is reached through one interface: a checked [`MatRef`] input and a
+//! validated [`Quantizer`] (see its module docs); [`QuantizerBackend`] is the same interface
+//! over other storage (the GPU's in `kernels-cuda`).
 #![warn(missing_docs)]
 
 pub mod config;
@@ -16,12 +20,12 @@ pub mod matrix;
 pub mod tensor;
 
 pub mod bf16;
-pub mod fake;
 pub mod fp8;
 mod grid;
 pub mod mx;
 mod panel;
 pub mod qgemm;
+mod quantizer;
 pub mod stats;
 
 pub mod hadamard;
@@ -36,6 +40,7 @@ pub use config::{
 pub use error::QuantError;
 pub use fp8::QuantState;
 pub use matrix::{MatRef, MAX_DIM};
+pub use quantizer::{Cpu, Quantizer, QuantizerBackend};
 pub use tensor::QuantizedTensor;
 
 /// Identifies the random stream of a stochastically rounded (or randomly signed) operand:

@@ -75,7 +75,7 @@ use fp_formats::mx::{MxElement, ScaleRule, BLOCK};
 use fp_formats::{ElementFormat, E2M1, E2M3, E3M2, E4M3, E5M2, E8M0};
 use rayon::prelude::*;
 
-use crate::config::{BlockShape, OperandQuant, QuantFormat, Rht, RoundingMode, Usage};
+use crate::config::{OperandQuant, QuantFormat, Rht, RoundingMode, Usage};
 use crate::panel::{self, grow, stored_panel, stored_panel_owned, stored_shape, with_scratch};
 use crate::{QuantError, QuantizedTensor, RngKey};
 
@@ -95,12 +95,9 @@ struct MxCast {
     key: RngKey,
 }
 
-/// Checks an MX operand configuration for a usage (see the module docs).
-pub(crate) fn validate(q: &OperandQuant, usage: Usage) -> Result<(), QuantError> {
-    settings(q, usage, RngKey::default()).map(|_| ())
-}
-
-fn settings(q: &OperandQuant, usage: Usage, key: RngKey) -> Result<MxCast, QuantError> {
+/// The resolved settings of an MX quantizer (its settings were checked by
+/// [`crate::Quantizer::new`]; `usage` is unused since).
+fn settings(q: &OperandQuant, _usage: Usage, key: RngKey) -> Result<MxCast, QuantError> {
     let QuantFormat::Mx {
         element,
         rule,
@@ -112,23 +109,7 @@ fn settings(q: &OperandQuant, usage: Usage, key: RngKey) -> Result<MxCast, Quant
             q.format
         )));
     };
-    if q.block != BlockShape::Row32 {
-        return Err(QuantError::InvalidConfig(format!(
-            "MX formats use 1x32 blocks (BlockShape::Row32), not {:?}",
-            q.block
-        )));
-    }
     let sr = q.rounding == RoundingMode::Stochastic;
-    if sr_prescale && !sr {
-        return Err(QuantError::InvalidConfig(
-            "sr_prescale (Tseng et al.'s 3/4 prescaling) requires stochastic rounding".into(),
-        ));
-    }
-    if q.rht != Rht::Off && usage != Usage::Columnwise {
-        return Err(QuantError::InvalidConfig(
-            "the Hadamard transform applies to columnwise usage only".into(),
-        ));
-    }
     Ok(MxCast {
         element,
         rule,
@@ -242,7 +223,7 @@ fn run<T: Send>(
 /// Errors ([`QuantError`]): a non-MX format, a block shape other than `Row32`,
 /// `sr_prescale` without stochastic rounding, RHT with rowwise usage (or a stored row
 /// length not divisible by 16), `x.len() != rows * cols`, non-finite input.
-pub fn quantize(
+pub(crate) fn quantize(
     x: &[f32],
     rows: usize,
     cols: usize,
@@ -305,7 +286,7 @@ pub fn quantize(
 /// computed by the fused path (`mx/fast.rs`) without producing codes.
 ///
 /// Errors: as [`quantize`], plus `out.len() != x.len()`.
-pub fn fake_quantize_into(
+pub(crate) fn fake_quantize_into(
     x: &[f32],
     rows: usize,
     cols: usize,
@@ -417,7 +398,7 @@ fn decode_row(element: MxElement, codes: &[u8], scales: &[u8], f: f32, out: &mut
 ///
 /// # Panics
 /// If the tensor is not MX or its buffers do not match its shape.
-pub fn dequantize(t: &QuantizedTensor) -> Vec<f32> {
+pub(crate) fn dequantize(t: &QuantizedTensor) -> Vec<f32> {
     let QuantFormat::Mx { element, .. } = t.format else {
         panic!("mx::dequantize called on {:?}", t.format);
     };

@@ -104,7 +104,7 @@ use fp_formats::nvfp4::{dequantize_block, GlobalScale, BLOCK, RANGE};
 use fp_formats::{finite_amax, ElementFormat, FormatError, E2M1, E4M3, UE4M3};
 use rayon::prelude::*;
 
-use crate::config::{BlockError, BlockShape, FourOverSix, OperandQuant, QuantFormat, Rht};
+use crate::config::{BlockError, BlockShape, FourOverSix, OperandQuant, QuantFormat};
 use crate::config::{RoundingMode, Usage};
 use crate::hadamard::{rht16_columns, sign_mask};
 use crate::philox::blocks_bytes_x8;
@@ -155,26 +155,10 @@ impl Plan {
                 q.format
             )));
         };
-        let tile2d = match q.block {
-            BlockShape::Row16 => false,
-            BlockShape::Tile16 => true,
-            BlockShape::Row32 => {
-                return Err(QuantError::InvalidConfig(
-                    "NVFP4 uses 1x16 blocks or 16x16 tiles, not 1x32".into(),
-                ))
-            }
-        };
+        // The settings were checked by `Quantizer::new` (Row16 or Tile16, RHT columnwise
+        // only, Four Over Six without RHT and SR).
+        let tile2d = q.block == BlockShape::Tile16;
         let sr = q.rounding == RoundingMode::Stochastic;
-        if q.rht != Rht::Off && usage == Usage::Rowwise {
-            return Err(QuantError::InvalidConfig(
-                "the Hadamard transform applies to columnwise usage only".into(),
-            ));
-        }
-        if four_over_six.is_some() && (q.rht != Rht::Off || sr) {
-            return Err(QuantError::InvalidConfig(
-                "Four Over Six cannot be combined with RHT or stochastic rounding".into(),
-            ));
-        }
         let expected = rows.checked_mul(cols).ok_or(FormatError::ShapeMismatch {
             rows,
             cols,
@@ -819,7 +803,7 @@ fn global_amax(x: &[f32], plan: &Plan) -> Result<f32, QuantError> {
 /// let (r, c) = (nvfp4::dequantize(&row), nvfp4::dequantize(&col));
 /// assert!((0..20).all(|i| (0..24).all(|j| r[i * 24 + j] == c[j * 20 + i])));
 /// ```
-pub fn quantize(
+pub(crate) fn quantize(
     x: &[f32],
     rows: usize,
     cols: usize,
@@ -902,7 +886,7 @@ fn quantize_impl(
 /// let full = nvfp4::dequantize(&t);
 /// assert!(out.iter().zip(&full).all(|(u, f)| u * s_dec == *f));
 /// ```
-pub fn fake_quantize_into(
+pub(crate) fn fake_quantize_into(
     x: &[f32],
     rows: usize,
     cols: usize,
@@ -1056,7 +1040,7 @@ fn dequantize_with(t: &QuantizedTensor, s_dec: f32, out: &mut [f32]) {
 ///                         RngKey::default()).unwrap();
 /// assert_eq!(nvfp4::dequantize(&t), [10.5, 1.75, -5.25, -2.625]); // transposed
 /// ```
-pub fn dequantize(t: &QuantizedTensor) -> Vec<f32> {
+pub(crate) fn dequantize(t: &QuantizedTensor) -> Vec<f32> {
     if let Err(e) = check_tensor(t) {
         panic!("nvfp4::dequantize: {e}");
     }

@@ -89,7 +89,7 @@ impl GemmPolicy {
         ]
     }
 
-    /// Checks every operand against its slot's layout ([`crate::fake::validate`]) and each
+    /// Checks every operand against its slot's layout ([`crate::Quantizer::new`]) and each
     /// GEMM's two operands against each other ([`GemmPolicy::validate_pairs`]); the message
     /// names the slot or GEMM.
     ///
@@ -102,10 +102,14 @@ impl GemmPolicy {
     /// ```
     pub fn validate(&self) -> Result<(), QuantError> {
         for ((label, usage), q) in Self::OPERAND_SLOTS.iter().zip(self.operands()) {
-            crate::fake::validate(&q, *usage).map_err(|e| match e {
-                QuantError::InvalidConfig(m) => QuantError::InvalidConfig(format!("{label}: {m}")),
-                e => e,
-            })?;
+            crate::Quantizer::new(q, *usage)
+                .map(|_| ())
+                .map_err(|e| match e {
+                    QuantError::InvalidConfig(m) => {
+                        QuantError::InvalidConfig(format!("{label}: {m}"))
+                    }
+                    e => e,
+                })?;
         }
         self.validate_pairs()
     }

@@ -1,6 +1,6 @@
 //! The emulated quantized GEMM: `out[M, N] = α · Â[M, K] · B̂[N, K]ᵀ` (the "TN" GEMM of
 //! every linear layer), where `Â`, `B̂` are the operands fake-quantized along K without
-//! their per-tensor factors (exact in f32, see [`crate::fake`]) and
+//! their per-tensor factors (exact in f32, see [`Quantizer::fake_quantize_into`]) and
 //! `α = factor_A · factor_B` (NVFP4 `S_dec,A · S_dec,B`, FP8 `scale_inv_A · scale_inv_B`,
 //! docs/numerics.md#the-quantized-gemm) is applied to the f32 accumulator in a separate epilogue pass, as the
 //! hardware does. This models the hardware GEMM up to the f32 accumulation order.
@@ -11,14 +11,16 @@
 //!   (FP32 accumulation in a fixed order, docs/numerics.md#the-bf16-gemm), the f32 GEMM
 //!   elsewhere. With an FP32 operand on either side it runs on the f32 GEMM ([`sgemm`]).
 //!
-//! * An [`Operand`] is a row-major `[rows, cols]` tensor and a [`Usage`]: rowwise, the GEMM
-//!   operand is the tensor itself; columnwise, its transpose (`[cols, rows]`).
+//! * An [`Operand`] is a row-major `[rows, cols]` tensor ([`MatRef`]) and its [`Quantizer`]:
+//!   rowwise, the GEMM operand is the tensor itself; columnwise, its transpose
+//!   (`[cols, rows]`).
 //! * FP32 operands are never copied: they enter [`sgemm`] as (possibly transposed) strided
 //!   views, and an all-FP32 product is bit for bit the plain [`sgemm`] / [`matmul_tn`].
 //! * Quantized operands are fake-quantized into reusable scratch buffers (per thread, or a
 //!   caller-provided [`GemmWorkspace`]); quantization is `O(MK + NK)` against the GEMM's
-//!   `O(MNK)`. Columnwise NVFP4 and MX (without RHT) operands stay in the layout of the
-//!   tensor (the GEMM reads them through a transposed view, like an f32 operand). The α
+//!   `O(MNK)`. Columnwise operands stay in the layout of the tensor where the format allows
+//!   it ([`Quantizer::fake_quantize_source_layout`]; the GEMM reads them through a
+//!   transposed view, like an f32 operand). The α
 //!   epilogue is split across the rayon pool for large outputs (elementwise, so the bytes
 //!   do not depend on the thread count).
 //! * An operand used by two GEMMs can be fake-quantized once ([`fake_operand`]) and passed
@@ -31,17 +33,17 @@
 //!
 //! ```
 //! use quant::qgemm::{quantized_matmul_tn, Operand};
-//! use quant::{OperandQuant, Usage};
+//! use quant::{MatRef, OperandQuant, Quantizer, Usage};
 //! let x = [1.0f32, 2.0, 3.0, 4.0]; // [2, 2]
 //! let w = [1.0f32, 0.0, 0.0, 1.0];
-//! let f32q = OperandQuant::F32;
 //! let mut y = [0.0f32; 4];
 //! quantized_matmul_tn(
-//!     Operand::new(&x, 2, 2, Usage::Rowwise, &f32q),
-//!     Operand::new(&w, 2, 2, Usage::Rowwise, &OperandQuant::BF16),
+//!     Operand::new(MatRef::new(&x, 2, 2)?, Quantizer::new(OperandQuant::F32, Usage::Rowwise)?),
+//!     Operand::new(MatRef::new(&w, 2, 2)?, Quantizer::new(OperandQuant::BF16, Usage::Rowwise)?),
 //!     &mut y,
-//! ).unwrap();
+//! )?;
 //! assert_eq!(y, [1.0, 2.0, 3.0, 4.0]); // X · Wᵀ
+//! # Ok::<(), quant::QuantError>(())
 //! ```
 
 use std::cell::Cell;
@@ -49,53 +51,29 @@ use std::cell::Cell;
 use crate::config::{Fp8Scaling, OperandQuant, QuantFormat, RoundingMode, Usage};
 use crate::gemm::bf16::{quantized_gemm_tn, Bf16Workspace};
 use crate::gemm::{sgemm, MatRef};
-use crate::{fake, QuantError, QuantState, RngKey};
+use crate::{QuantError, QuantState, Quantizer};
 
 /// One GEMM operand: the high-precision tensor and how to quantize it.
 #[derive(Debug)]
 pub struct Operand<'a> {
-    /// Row-major `[rows, cols]` data.
-    pub data: &'a [f32],
-    /// Rows of `data`.
-    pub rows: usize,
-    /// Columns of `data`.
-    pub cols: usize,
-    /// Rowwise: the GEMM operand is `data` (`[rows, cols]`); columnwise: `dataᵀ`
+    /// Row-major `[rows, cols]` data (dense: checked with [`MatRef::contiguous`]).
+    pub x: MatRef<'a>,
+    /// Its quantizer. Rowwise: the GEMM operand is `x` (`[rows, cols]`); columnwise: `xᵀ`
     /// (`[cols, rows]`). Either way the operand's second dimension is the reduction
     /// dimension K.
-    pub usage: Usage,
-    /// Quantization settings.
-    pub quant: &'a OperandQuant,
-    /// Random stream for stochastic rounding / random Hadamard signs.
-    pub key: RngKey,
+    pub quantizer: Quantizer,
     /// State for delayed FP8 scaling (required there, unused otherwise).
     pub state: Option<&'a mut QuantState>,
 }
 
 impl<'a> Operand<'a> {
-    /// An operand with the default random key and no state.
-    pub fn new(
-        data: &'a [f32],
-        rows: usize,
-        cols: usize,
-        usage: Usage,
-        quant: &'a OperandQuant,
-    ) -> Self {
+    /// An operand without state.
+    pub fn new(x: MatRef<'a>, quantizer: Quantizer) -> Self {
         Operand {
-            data,
-            rows,
-            cols,
-            usage,
-            quant,
-            key: RngKey::default(),
+            x,
+            quantizer,
             state: None,
         }
-    }
-
-    /// The same operand with a random key.
-    pub fn with_key(mut self, key: RngKey) -> Self {
-        self.key = key;
-        self
     }
 
     /// The same operand with a quantization state.
@@ -106,10 +84,11 @@ impl<'a> Operand<'a> {
 
     /// `(outer, k)`: the GEMM operand's shape.
     pub fn gemm_shape(&self) -> (usize, usize) {
-        match self.usage {
-            Usage::Rowwise => (self.rows, self.cols),
-            Usage::Columnwise => (self.cols, self.rows),
-        }
+        self.quantizer.stored_shape(self.x.rows, self.x.cols)
+    }
+
+    fn quant(&self) -> &OperandQuant {
+        self.quantizer.spec()
     }
 }
 
@@ -157,8 +136,7 @@ pub fn quantized_matmul_tn_with(
     ws: &mut GemmWorkspace,
 ) -> Result<(), QuantError> {
     for op in [&a, &b] {
-        crate::panel::check_len(op.data, op.rows, op.cols)?;
-        fake::validate(op.quant, op.usage)?;
+        op.x.contiguous()?;
     }
     check_same_transform(&a, &b)?;
     let (m, ka) = a.gemm_shape();
@@ -169,8 +147,8 @@ pub fn quantized_matmul_tn_with(
         b: wb,
         packed,
     } = ws;
-    let qa = a.quant.format != QuantFormat::F32;
-    let qb = b.quant.format != QuantFormat::F32;
+    let qa = a.quantizer.quantizes();
+    let qb = b.quantizer.quantizes();
     let (av, fa) = prepare(a, wa)?;
     let (bv, fb) = prepare(b, wb)?;
     finish((av, fa, qa), (bv, fb, qb), out, packed);
@@ -178,7 +156,7 @@ pub fn quantized_matmul_tn_with(
 }
 
 /// A fake-quantized GEMM operand the caller keeps: the unscaled values as an `[outer, K]`
-/// view (the stored layout of [`fake::fake_quantize_into`], or a transposed view of it) and
+/// view (the stored layout of [`Quantizer::fake_quantize_into`], or a transposed view of it) and
 /// the per-tensor factor. Made by [`fake_operand`]; consumed by
 /// [`quantized_matmul_tn_prequantized`].
 #[derive(Clone, Copy, Debug)]
@@ -241,16 +219,17 @@ pub fn transpose_exact(q: &OperandQuant) -> bool {
 ///
 /// ```
 /// use quant::qgemm::{fake_operand, quantized_matmul_tn, quantized_matmul_tn_prequantized, Operand};
-/// use quant::{GemmPolicy, Usage};
+/// use quant::{GemmPolicy, MatRef, Quantizer, Usage};
 /// let p = GemmPolicy::nvfp4_paper();
 /// let x: Vec<f32> = (0..32 * 16).map(|i| (i as f32 * 0.37).sin()).collect();
 /// let w: Vec<f32> = (0..16 * 16).map(|i| (i as f32 * 0.11).cos()).collect();
-/// let mut wq = vec![0.0f32; 16 * 16];
-/// let wf = fake_operand(Operand::new(&w, 16, 16, Usage::Rowwise, &p.fprop.b), &mut wq)?;
+/// let (xq, wq) = (Quantizer::new(p.fprop.a, Usage::Rowwise)?, Quantizer::new(p.fprop.b, Usage::Rowwise)?);
+/// let (x, w) = (MatRef::new(&x, 32, 16)?, MatRef::new(&w, 16, 16)?);
+/// let mut wbuf = vec![0.0f32; 16 * 16];
+/// let wf = fake_operand(Operand::new(w, wq), &mut wbuf)?;
 /// let (mut y1, mut y2) = (vec![0.0f32; 32 * 16], vec![0.0f32; 32 * 16]);
-/// let xa = || Operand::new(&x, 32, 16, Usage::Rowwise, &p.fprop.a);
-/// quantized_matmul_tn_prequantized(xa(), wf, &mut y1)?;
-/// quantized_matmul_tn(xa(), Operand::new(&w, 16, 16, Usage::Rowwise, &p.fprop.b), &mut y2)?;
+/// quantized_matmul_tn_prequantized(Operand::new(x, xq), wf, &mut y1)?;
+/// quantized_matmul_tn(Operand::new(x, xq), Operand::new(w, wq), &mut y2)?;
 /// assert_eq!(y1, y2);
 /// # Ok::<(), quant::QuantError>(())
 /// ```
@@ -258,8 +237,7 @@ pub fn fake_operand<'b>(
     op: Operand<'_>,
     buf: &'b mut [f32],
 ) -> Result<FakeOperand<'b>, QuantError> {
-    crate::panel::check_len(op.data, op.rows, op.cols)?;
-    fake::validate(op.quant, op.usage)?;
+    op.x.contiguous()?;
     let (outer, k) = op.gemm_shape();
     if buf.len() != outer * k {
         return Err(QuantError::GemmShape(format!(
@@ -270,14 +248,13 @@ pub fn fake_operand<'b>(
     }
     let mut op = op;
     let mut local = QuantState::new();
-    let state = quant_state(&mut op.state, op.quant, &mut local)?;
-    let factor = fake::fake_quantize_into(
-        op.data, op.rows, op.cols, op.usage, op.quant, op.key, state, buf,
-    )?;
+    let quantizer = op.quantizer;
+    let state = quant_state(&mut op.state, quantizer.spec(), &mut local)?;
+    let factor = quantizer.fake_quantize_into(op.x, state, buf)?;
     Ok(FakeOperand {
         values: MatRef::row_major(buf, outer, k),
         factor,
-        quantized: op.quant.format != QuantFormat::F32,
+        quantized: quantizer.quantizes(),
     })
 }
 
@@ -291,13 +268,12 @@ pub fn quantized_matmul_tn_prequantized(
     b: FakeOperand<'_>,
     out: &mut [f32],
 ) -> Result<(), QuantError> {
-    crate::panel::check_len(a.data, a.rows, a.cols)?;
-    fake::validate(a.quant, a.usage)?;
+    a.x.contiguous()?;
     let (m, ka) = a.gemm_shape();
     let (n, kb) = (b.values.rows, b.values.cols);
     check_shapes(m, ka, n, kb, out)?;
     let mut ws = WORKSPACE.with(|c| c.take()).unwrap_or_default();
-    let qa = a.quant.format != QuantFormat::F32;
+    let qa = a.quantizer.quantizes();
     let GemmWorkspace { a: wa, packed, .. } = &mut *ws;
     let r = prepare(a, wa)
         .map(|(av, fa)| finish((av, fa, qa), (b.values, b.factor, b.quantized), out, packed));
@@ -310,8 +286,8 @@ pub fn quantized_matmul_tn_prequantized(
 /// give the same mask.
 fn check_same_transform(a: &Operand<'_>, b: &Operand<'_>) -> Result<(), QuantError> {
     let (ma, mb) = (
-        crate::hadamard::sign_mask(a.quant.rht, a.key),
-        crate::hadamard::sign_mask(b.quant.rht, b.key),
+        crate::hadamard::sign_mask(a.quant().rht, a.quantizer.key()),
+        crate::hadamard::sign_mask(b.quant().rht, b.quantizer.key()),
     );
     if ma != mb {
         return Err(QuantError::InvalidConfig(format!(
@@ -393,65 +369,30 @@ fn quant_state<'s>(
 /// The operand as an `[outer, K]` view and its per-tensor factor.
 fn prepare<'a>(op: Operand<'a>, buf: &'a mut Vec<f32>) -> Result<(MatRef<'a>, f32), QuantError> {
     let (outer, k) = op.gemm_shape();
-    if op.quant.format == QuantFormat::F32 {
-        let v = MatRef::row_major(op.data, op.rows, op.cols);
-        let v = match op.usage {
-            Usage::Rowwise => v,
-            Usage::Columnwise => v.t(),
-        };
-        return Ok((v, 1.0));
+    let quantizer = op.quantizer;
+    if !quantizer.quantizes() {
+        return Ok(match quantizer.usage() {
+            Usage::Rowwise => (op.x, 1.0),
+            Usage::Columnwise => (op.x.t(), 1.0),
+        });
     }
     let mut op = op;
     let mut local = QuantState::new();
-    let state = quant_state(&mut op.state, op.quant, &mut local)?;
+    let state = quant_state(&mut op.state, quantizer.spec(), &mut local)?;
     let n = outer * k;
     if buf.len() < n {
         buf.resize(n, 0.0);
     }
     let dst = &mut buf[..n];
-    if op.usage == Usage::Columnwise {
-        // Where a format allows it, the columnwise operand's values are produced in the
+    if quantizer.usage() == Usage::Columnwise {
+        // Where the format allows it, the columnwise operand's values are produced in the
         // source layout and the GEMM reads them through a transposed view: no transposing
         // copy, and the GEMM packs the view like an f32 operand's. The packed operand, hence
         // the product, is the same bit for bit as from the stored (transposed) layout.
-        let nearest = op.quant.rounding == RoundingMode::NearestEven;
-        let source_layout = match op.quant.format {
-            // NVFP4 blocks run along the stored rows; a dedicated pass quantizes them in place.
-            QuantFormat::Nvfp4 { .. } => {
-                Some(crate::nvfp4::fake_quantize_columnwise_source_layout(
-                    op.data, op.rows, op.cols, op.quant, op.key, dst,
-                )?)
-            }
-            // MX blocks run along the stored rows, i.e. down 32-row strips of the source:
-            // a lane-wise kernel quantizes them without a transpose (not with RHT, whose
-            // transform runs along the stored rows too).
-            QuantFormat::Mx { .. } => crate::mx::fake_quantize_columnwise_source_layout(
-                op.data, op.rows, op.cols, op.quant, op.key, dst,
-            )?,
-            // BF16 and per-tensor FP8 round each element on its own (FP8's one scale comes
-            // from the whole tensor's amax, whatever the usage): the rowwise rounding is the
-            // columnwise one transposed. Not with stochastic rounding, whose random bits are
-            // indexed in the stored layout.
-            QuantFormat::Bf16 | QuantFormat::Fp8 { .. } if nearest => {
-                Some(fake::fake_quantize_into(
-                    op.data,
-                    op.rows,
-                    op.cols,
-                    Usage::Rowwise,
-                    op.quant,
-                    op.key,
-                    state,
-                    dst,
-                )?)
-            }
-            _ => None,
-        };
-        if let Some(f) = source_layout {
-            return Ok((MatRef::row_major(dst, op.rows, op.cols).t(), f));
+        if let Some(f) = quantizer.fake_quantize_source_layout(op.x, state, dst)? {
+            return Ok((MatRef::row_major(dst, op.x.rows, op.x.cols).t(), f));
         }
     }
-    let f = fake::fake_quantize_into(
-        op.data, op.rows, op.cols, op.usage, op.quant, op.key, state, dst,
-    )?;
+    let f = quantizer.fake_quantize_into(op.x, state, dst)?;
     Ok((MatRef::row_major(dst, outer, k), f))
 }

@@ -22,7 +22,7 @@ use quant::qgemm::{
     fake_operand, quantized_matmul_tn, quantized_matmul_tn_prequantized, transpose_exact,
     FakeOperand, Operand,
 };
-use quant::{GemmPolicy, Usage};
+use quant::{GemmPolicy, OperandQuant, QuantState, Quantizer, RngKey, Usage};
 
 use crate::cpu::{for_rows, sum_rows};
 use crate::error::shape_err;
@@ -120,24 +120,22 @@ impl Graph<'_> {
         };
         state.policy = Some(*policy);
         let (sa, sb) = st2(state, OperandRole::FpropX, OperandRole::FpropW);
-        let xa = Operand {
-            data: vals.get(x),
-            rows: m,
-            cols: n_in,
-            usage: Usage::Rowwise,
-            quant: &policy.fprop.a,
-            key: key(seed, stream, OperandRole::FpropX, step)?,
-            state: Some(sa),
-        };
-        let wb = Operand {
-            data: vals.get(w),
-            rows: n_out,
-            cols: n_in,
-            usage: Usage::Rowwise,
-            quant: &policy.fprop.b,
-            key: key(seed, stream, OperandRole::FpropW, step)?,
-            state: Some(sb),
-        };
+        let xa = operand(
+            vals.get(x),
+            (m, n_in),
+            Usage::Rowwise,
+            policy.fprop.a,
+            key(seed, stream, OperandRole::FpropX, step)?,
+            sa,
+        )?;
+        let wb = operand(
+            vals.get(w),
+            (n_out, n_in),
+            Usage::Rowwise,
+            policy.fprop.b,
+            key(seed, stream, OperandRole::FpropW, step)?,
+            sb,
+        )?;
         // The kept W operand: its buffer and per-tensor factor.
         let mut w_fake: Option<f32> = None;
         match wq.as_mut() {
@@ -174,15 +172,14 @@ impl Graph<'_> {
                 let (seed, step) = (ctx.seed, ctx.step);
                 let dgrad = |state: &mut LinearQuantState, out: &mut [f32]| -> Result<()> {
                     let (sa, sb) = st2(state, OperandRole::DgradDy, OperandRole::DgradW);
-                    let dya = Operand {
-                        data: dy,
-                        rows: m,
-                        cols: n_out,
-                        usage: Usage::Rowwise,
-                        quant: &policy.dgrad.a,
-                        key: key(seed, stream, OperandRole::DgradDy, step)?,
-                        state: Some(sa),
-                    };
+                    let dya = operand(
+                        dy,
+                        (m, n_out),
+                        Usage::Rowwise,
+                        policy.dgrad.a,
+                        key(seed, stream, OperandRole::DgradDy, step)?,
+                        sa,
+                    )?;
                     match (&wq, w_fake) {
                         // Wᵀ as the transpose of the Fprop operand (see the forward).
                         (Some(buf), Some(factor)) => {
@@ -196,15 +193,14 @@ impl Graph<'_> {
                         }
                         _ => quantized_matmul_tn(
                             dya,
-                            Operand {
-                                data: vals.get(w),
-                                rows: n_out,
-                                cols: n_in,
-                                usage: Usage::Columnwise,
-                                quant: &policy.dgrad.b,
-                                key: key(seed, stream, OperandRole::DgradW, step)?,
-                                state: Some(sb),
-                            },
+                            operand(
+                                vals.get(w),
+                                (n_out, n_in),
+                                Usage::Columnwise,
+                                policy.dgrad.b,
+                                key(seed, stream, OperandRole::DgradW, step)?,
+                                sb,
+                            )?,
                             out,
                         )?,
                     }
@@ -213,24 +209,22 @@ impl Graph<'_> {
                 let wgrad = |state: &mut LinearQuantState, out: &mut [f32]| -> Result<()> {
                     let (sa, sb) = st2(state, OperandRole::WgradDy, OperandRole::WgradX);
                     quantized_matmul_tn(
-                        Operand {
-                            data: dy,
-                            rows: m,
-                            cols: n_out,
-                            usage: Usage::Columnwise,
-                            quant: &policy.wgrad.a,
-                            key: key(seed, stream, OperandRole::WgradDy, step)?,
-                            state: Some(sa),
-                        },
-                        Operand {
-                            data: vals.get(x),
-                            rows: m,
-                            cols: n_in,
-                            usage: Usage::Columnwise,
-                            quant: &policy.wgrad.b,
-                            key: key(seed, stream, OperandRole::WgradX, step)?,
-                            state: Some(sb),
-                        },
+                        operand(
+                            dy,
+                            (m, n_out),
+                            Usage::Columnwise,
+                            policy.wgrad.a,
+                            key(seed, stream, OperandRole::WgradDy, step)?,
+                            sa,
+                        )?,
+                        operand(
+                            vals.get(x),
+                            (m, n_in),
+                            Usage::Columnwise,
+                            policy.wgrad.b,
+                            key(seed, stream, OperandRole::WgradX, step)?,
+                            sb,
+                        )?,
                         out,
                     )?;
                     Ok(())
@@ -267,13 +261,27 @@ impl Graph<'_> {
     }
 }
 
+/// The GEMM operand `[rows, cols]` `data`, quantized for `usage` with `q`, `key` and the
+/// operand's delayed-scaling state.
+fn operand<'a>(
+    data: &'a [f32],
+    (rows, cols): (usize, usize),
+    usage: Usage,
+    q: OperandQuant,
+    key: RngKey,
+    state: &'a mut QuantState,
+) -> Result<Operand<'a>> {
+    let quantizer = Quantizer::new(q, usage)?.with_key(key);
+    Ok(Operand::new(MatRef::new(data, rows, cols)?, quantizer).with_state(state))
+}
+
 #[cfg(test)]
 mod tests {
     use quant::gemm::bf16::{quantized_gemm_tn, Bf16Workspace};
     use quant::gemm::{matmul_tn, sgemm, MatRef};
     use quant::{
-        fake, AmaxAlgo, Fp8Element, Fp8Scaling, GemmPolicy, OperandQuant, QuantFormat, QuantState,
-        RngKey, Usage,
+        AmaxAlgo, Fp8Element, Fp8Scaling, GemmPolicy, OperandQuant, QuantFormat, QuantState,
+        Quantizer, RngKey, Usage,
     };
 
     use super::*;
@@ -423,17 +431,11 @@ mod tests {
                 stream: gemm_stream(layer, role, step).unwrap(),
             };
             let mut buf = vec![0.0f32; rows * cols];
-            let f = fake::fake_quantize_into(
-                data,
-                rows,
-                cols,
-                usage,
-                q,
-                key,
-                &mut QuantState::new(),
-                &mut buf,
-            )
-            .unwrap();
+            let x = MatRef::new(data, rows, cols).unwrap();
+            let q = Quantizer::new(*q, usage).unwrap().with_key(key);
+            let f = q
+                .fake_quantize_into(x, &mut QuantState::new(), &mut buf)
+                .unwrap();
             let (outer, k) = if usage == Usage::Rowwise {
                 (rows, cols)
             } else {
