@@ -72,6 +72,26 @@ pub enum Error {
     /// The quantized GEMM rejected its operands or settings.
     #[error(transparent)]
     Quant(#[from] quant::QuantError),
+    /// A device call failed (no driver, out of device memory, a PTX that does not load, ...);
+    /// the message says what to do.
+    #[error(transparent)]
+    Device(#[from] crate::backend::BackendError),
+    /// The op has no CUDA kernel yet (see the crate README for the list).
+    #[error("{op} has no CUDA kernel yet: run this model on the CPU (--device cpu)")]
+    NoDeviceKernel {
+        /// The op.
+        op: &'static str,
+    },
+    /// Host data was asked of a tensor or parameter that lives on a device (or the reverse).
+    #[error("{what}: the data lives on the {device:?} device; {hint}")]
+    WrongDevice {
+        /// What was asked.
+        what: &'static str,
+        /// Where the data is.
+        device: crate::Device,
+        /// What to call instead.
+        hint: &'static str,
+    },
 }
 
 /// `Result` with this crate's [`Error`].

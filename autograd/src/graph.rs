@@ -12,6 +12,8 @@ use std::fmt;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Instant;
 
+use crate::backend::{Backend, DeviceBackend, DeviceBuf};
+use crate::ops::device::{DevBackwardFn, DevCtx};
 use crate::quant_state::LinearQuantState;
 use crate::storage::{BufferPool, CpuBuf, Device, Storage};
 use crate::{Error, ParamId, ParamStore, Result, Shape};
@@ -132,6 +134,12 @@ pub(crate) struct Node {
 /// A backward closure: receives the context and the gradient of its node's output.
 pub(crate) type BackwardFn = Box<dyn FnOnce(&mut BackwardCtx<'_>, &[f32]) -> Result<()>>;
 
+/// A node's backward closure: the CPU one (host gradients) or the device one.
+pub(crate) enum Backward {
+    Cpu(BackwardFn),
+    Dev(DevBackwardFn),
+}
+
 /// Boxes a backward closure (keeps call sites short).
 #[inline]
 pub(crate) fn backward_fn(
@@ -143,8 +151,9 @@ pub(crate) fn backward_fn(
 /// Read access to every node value (graph-owned or parameter) during forward and backward.
 #[derive(Clone, Copy)]
 pub(crate) struct Values<'a> {
-    nodes: &'a [Node],
-    params: &'a [Vec<f32>],
+    pub(crate) nodes: &'a [Node],
+    pub(crate) params: &'a [Vec<f32>],
+    pub(crate) dev_params: &'a [DeviceBuf<f32>],
 }
 
 impl<'a> Values<'a> {
@@ -160,6 +169,32 @@ impl<'a> Values<'a> {
             Value::Alias(root) => self.get_idx(*root),
         }
     }
+
+    /// The device buffer of `t` (a device graph's node).
+    pub(crate) fn dev(&self, t: Tensor) -> Result<&'a DeviceBuf<f32>> {
+        self.dev_idx(t.idx())
+    }
+
+    fn dev_idx(&self, i: usize) -> Result<&'a DeviceBuf<f32>> {
+        match &self.nodes[i].value {
+            Value::Owned(s) => s.cuda().ok_or(Error::WrongDevice {
+                what: "device op input",
+                device: Device::Cpu,
+                hint: "build every input of a device graph through the graph",
+            }),
+            Value::Param(p) => self.dev_params.get(*p).ok_or(Error::WrongDevice {
+                what: "device op parameter",
+                device: Device::Cpu,
+                hint: "move the store with ParamStore::to_device first",
+            }),
+            Value::Alias(root) => self.dev_idx(*root),
+        }
+    }
+}
+
+/// The device parameter values of a store (empty on the CPU).
+fn dev_values(store: &crate::ParamStore) -> &[DeviceBuf<f32>] {
+    store.dev.as_ref().map_or(&[], |d| &d.values)
 }
 
 /// A gradient buffer taken out of the store for a kernel to write.
@@ -330,8 +365,11 @@ impl BackwardCtx<'_> {
 pub struct Graph<'s> {
     pub(crate) store: &'s mut ParamStore,
     pub(crate) nodes: Vec<Node>,
-    backward_fns: Vec<Option<BackwardFn>>,
+    backward_fns: Vec<Option<Backward>>,
     grads: Vec<Option<CpuBuf>>,
+    dev_grads: Vec<Option<DeviceBuf<f32>>>,
+    /// The store's device backend (`None` on the CPU).
+    pub(crate) dev: Option<std::sync::Arc<DeviceBackend>>,
     param_nodes: HashMap<usize, Tensor>,
     /// RoPE cos/sin tables by (T, D, base bits, offset), shared by the q and k rotations.
     pub(crate) rope_cache: HashMap<(usize, usize, u32, usize), std::rc::Rc<[f32]>>,
@@ -344,9 +382,13 @@ pub struct Graph<'s> {
 }
 
 impl<'s> Graph<'s> {
-    /// A new graph over `store`, recording gradients, with random seed 0 and step 0.
+    /// A new graph over `store`, recording gradients, with random seed 0 and step 0. It
+    /// computes on the store's device ([`ParamStore::to_device`]).
     pub fn new(store: &'s mut ParamStore) -> Self {
+        let dev = store.backend().cloned();
         Graph {
+            dev,
+            dev_grads: Vec::new(),
             store,
             nodes: Vec::with_capacity(256),
             backward_fns: Vec::with_capacity(256),
@@ -378,7 +420,11 @@ impl<'s> Graph<'s> {
 
     /// The device this graph computes on.
     pub fn device(&self) -> Device {
-        Device::Cpu
+        if self.dev.is_some() {
+            Device::Cuda
+        } else {
+            Device::Cpu
+        }
     }
 
     /// Turns gradient recording on or off. With it off, ops record nothing and save no
@@ -441,6 +487,10 @@ impl<'s> Graph<'s> {
                 shape,
             });
         }
+        if let Some(be) = &self.dev {
+            let buf = be.upload(data)?;
+            return Ok(self.push_dev("input", buf, shape, None));
+        }
         let buf = self.store.pool.take_copy(data);
         Ok(self.push("input", buf, shape, None))
     }
@@ -455,6 +505,10 @@ impl<'s> Graph<'s> {
     /// A tensor of zeros (no gradient).
     pub fn zeros(&mut self, shape: &[usize]) -> Result<Tensor> {
         let shape = Shape::new(shape)?;
+        if let Some(be) = &self.dev {
+            let buf = be.zeros(shape.numel())?;
+            return Ok(self.push_dev("zeros", buf, shape, None));
+        }
         let buf = self.store.pool.take_zeroed(shape.numel());
         Ok(self.push("zeros", buf, shape, None))
     }
@@ -495,15 +549,29 @@ impl<'s> Graph<'s> {
         Ok(self.nodes[t.idx()].shape)
     }
 
-    /// The values of `t` (row-major).
+    /// The values of `t` (row-major), on a CPU graph; a device graph's tensor reports
+    /// [`Error::WrongDevice`] (use [`Graph::to_vec`]).
     pub fn value(&self, t: Tensor) -> Result<&[f32]> {
         self.check(t)?;
+        if self.dev.is_some() {
+            return Err(Error::WrongDevice {
+                what: "Graph::value",
+                device: Device::Cuda,
+                hint: "use Graph::to_vec, which downloads",
+            });
+        }
         Ok(self.values().get(t))
     }
 
-    /// The values of `t`, copied.
+    /// The values of `t`, copied to the host (downloaded from a device).
     pub fn to_vec(&self, t: Tensor) -> Result<Vec<f32>> {
-        Ok(self.value(t)?.to_vec())
+        match &self.dev {
+            None => Ok(self.value(t)?.to_vec()),
+            Some(be) => {
+                self.check(t)?;
+                Ok(be.download(self.values().dev(t)?)?)
+            }
+        }
     }
 
     /// The single value of a one-element tensor (e.g. a loss).
@@ -512,7 +580,7 @@ impl<'s> Graph<'s> {
         if s.numel() != 1 {
             return Err(Error::NotScalar(s));
         }
-        Ok(self.value(t)?[0])
+        Ok(self.to_vec(t)?[0])
     }
 
     /// Whether gradients flow to `t`.
@@ -526,6 +594,13 @@ impl<'s> Graph<'s> {
     /// released during the pass and read as `None`.
     pub fn grad(&self, t: Tensor) -> Result<Option<&[f32]>> {
         self.check(t)?;
+        if self.dev.is_some() {
+            return Err(Error::WrongDevice {
+                what: "Graph::grad",
+                device: Device::Cuda,
+                hint: "use Graph::grad_vec, which downloads",
+            });
+        }
         if let Value::Param(p) = self.nodes[t.idx()].value {
             return Ok(Some(&self.store.grads[p]));
         }
@@ -536,12 +611,28 @@ impl<'s> Graph<'s> {
             .map(CpuBuf::as_slice))
     }
 
+    /// [`Graph::grad`], copied to the host on either device.
+    pub fn grad_vec(&self, t: Tensor) -> Result<Option<Vec<f32>>> {
+        let Some(be) = &self.dev else {
+            return Ok(self.grad(t)?.map(<[f32]>::to_vec));
+        };
+        self.check(t)?;
+        if let Value::Param(p) = self.nodes[t.idx()].value {
+            return self.store.download_grad(crate::ParamId(p as u32)).map(Some);
+        }
+        match self.dev_grads.get(t.idx()).and_then(|g| g.as_ref()) {
+            Some(g) => Ok(Some(be.download(g)?)),
+            None => Ok(None),
+        }
+    }
+
     // ---- recording (crate-internal) -------------------------------------------------------
 
     pub(crate) fn values(&self) -> Values<'_> {
         Values {
             nodes: &self.nodes,
             params: &self.store.values,
+            dev_params: dev_values(self.store),
         }
     }
 
@@ -558,6 +649,7 @@ impl<'s> Graph<'s> {
             Values {
                 nodes: &self.nodes,
                 params: &store.values,
+                dev_params: store.dev.as_ref().map_or(&[], |d| &d.values),
             },
             &mut store.states,
             &mut store.pool,
@@ -601,7 +693,21 @@ impl<'s> Graph<'s> {
     ) -> Tensor {
         debug_assert_eq!(buf.len(), shape.numel());
         let rg = bw.is_some();
+        let bw = bw.map(Backward::Cpu);
         self.push_value(op, Value::Owned(Storage::Cpu(buf)), shape, rg, bw)
+    }
+
+    /// [`Graph::push`] for a device graph's output and backward closure.
+    pub(crate) fn push_dev(
+        &mut self,
+        op: &'static str,
+        buf: DeviceBuf<f32>,
+        shape: Shape,
+        bw: Option<DevBackwardFn>,
+    ) -> Tensor {
+        let rg = bw.is_some();
+        let bw = bw.map(Backward::Dev);
+        self.push_value(op, Value::Owned(Storage::Cuda(buf)), shape, rg, bw)
     }
 
     /// Appends a node sharing the data of `of` (same element count).
@@ -611,6 +717,27 @@ impl<'s> Graph<'s> {
         of: Tensor,
         shape: Shape,
         bw: Option<BackwardFn>,
+    ) -> Tensor {
+        self.push_alias_any(op, of, shape, bw.map(Backward::Cpu))
+    }
+
+    /// [`Graph::push_alias`] with a device backward closure.
+    pub(crate) fn push_alias_dev(
+        &mut self,
+        op: &'static str,
+        of: Tensor,
+        shape: Shape,
+        bw: Option<DevBackwardFn>,
+    ) -> Tensor {
+        self.push_alias_any(op, of, shape, bw.map(Backward::Dev))
+    }
+
+    fn push_alias_any(
+        &mut self,
+        op: &'static str,
+        of: Tensor,
+        shape: Shape,
+        bw: Option<Backward>,
     ) -> Tensor {
         let root = match self.nodes[of.idx()].value {
             Value::Alias(r) => r,
@@ -629,7 +756,7 @@ impl<'s> Graph<'s> {
         value: Value,
         shape: Shape,
         requires_grad: bool,
-        bw: Option<BackwardFn>,
+        bw: Option<Backward>,
     ) -> Tensor {
         if let Some(p) = &mut self.profile {
             p.record_forward(op);
@@ -706,12 +833,16 @@ impl<'s> Graph<'s> {
         if !self.nodes[t.idx()].requires_grad {
             return Ok(());
         }
+        if self.dev.is_some() {
+            return self.backward_dev(t, grad);
+        }
         self.grads.resize_with(self.nodes.len(), || None);
         let store = &mut *self.store;
         let mut ctx = BackwardCtx {
             vals: Values {
                 nodes: &self.nodes,
                 params: &store.values,
+                dev_params: &[],
             },
             nodes: &self.nodes,
             node_grads: &mut self.grads,
@@ -729,9 +860,61 @@ impl<'s> Graph<'s> {
             let Some(dy) = ctx.node_grads[id].take() else {
                 continue;
             };
+            let Backward::Cpu(f) = f else {
+                return Err(Error::WrongDevice {
+                    what: "backward",
+                    device: Device::Cuda,
+                    hint: "a device op in a CPU graph",
+                });
+            };
             let t0 = self.profile.as_ref().map(|_| Instant::now());
             f(&mut ctx, dy.as_slice())?;
             ctx.pool.give(dy);
+            if let (Some(p), Some(t0)) = (&mut self.profile, t0) {
+                p.add(self.nodes[id].op, false, t0.elapsed().as_secs_f64());
+            }
+        }
+        Ok(())
+    }
+
+    /// The reverse pass of a device graph: the device closures, gradients in device buffers.
+    fn backward_dev(&mut self, t: Tensor, grad: &[f32]) -> Result<()> {
+        self.dev_grads.resize_with(self.nodes.len(), || None);
+        let store = &mut *self.store;
+        let Some(d) = store.dev.as_mut() else {
+            return Err(Error::WrongDevice {
+                what: "backward",
+                device: Device::Cpu,
+                hint: "the store left the device while the graph was alive",
+            });
+        };
+        let be = std::sync::Arc::clone(&d.be);
+        let mut ctx = DevCtx {
+            be: &be,
+            vals: Values {
+                nodes: &self.nodes,
+                params: &store.values,
+                dev_params: &d.values,
+            },
+            node_grads: &mut self.dev_grads,
+            param_grads: &mut d.grads,
+        };
+        let seed = be.upload(grad)?;
+        ctx.accumulate(t, &seed)?;
+        for id in (0..=t.idx()).rev() {
+            let Some(f) = self.backward_fns[id].take() else {
+                continue;
+            };
+            let Some(dy) = ctx.node_grads[id].take() else {
+                continue;
+            };
+            let Backward::Dev(f) = f else {
+                return Err(Error::NoDeviceKernel {
+                    op: self.nodes[id].op,
+                });
+            };
+            let t0 = self.profile.as_ref().map(|_| Instant::now());
+            f(&mut ctx, &dy)?;
             if let (Some(p), Some(t0)) = (&mut self.profile, t0) {
                 p.add(self.nodes[id].op, false, t0.elapsed().as_secs_f64());
             }

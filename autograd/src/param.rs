@@ -2,10 +2,12 @@
 //! export / import for checkpoints.
 
 use std::collections::HashMap;
+use std::sync::Arc;
 
+use crate::backend::{Backend, DeviceBackend, DeviceBuf};
 use crate::quant_state::LinearQuantState;
 use crate::storage::BufferPool;
-use crate::{Error, Result, Shape};
+use crate::{Device, Error, Result, Shape};
 
 /// A handle to a parameter in a [`ParamStore`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -64,6 +66,25 @@ pub struct ParamStore {
     pub(crate) states: Vec<Option<Box<LinearQuantState>>>,
     index: HashMap<String, ParamId>,
     pub(crate) pool: BufferPool,
+    /// The device copies when the store lives on a device ([`ParamStore::to_device`]).
+    pub(crate) dev: Option<DevParams>,
+}
+
+/// Parameter values and gradients on a device. A gradient of `None` is zero (`zero_grad`
+/// drops the buffers; the next backward writes a fresh one).
+#[derive(Debug)]
+pub(crate) struct DevParams {
+    pub(crate) be: Arc<DeviceBackend>,
+    pub(crate) values: Vec<DeviceBuf<f32>>,
+    pub(crate) grads: Vec<Option<DeviceBuf<f32>>>,
+}
+
+fn on_device<T>(what: &'static str) -> Result<T> {
+    Err(Error::WrongDevice {
+        what,
+        device: Device::Cuda,
+        hint: "read it with download_value / download_grad, or call to_host first",
+    })
 }
 
 impl ParamStore {
@@ -84,6 +105,11 @@ impl ParamStore {
         }
         if self.index.contains_key(name) {
             return Err(Error::DuplicateParam(name.to_string()));
+        }
+        if let Some(d) = &mut self.dev {
+            let buf = d.be.upload(&value)?;
+            d.values.push(buf);
+            d.grads.push(None);
         }
         let id = ParamId(self.names.len() as u32);
         self.index.insert(name.to_string(), id);
@@ -156,22 +182,34 @@ impl ParamStore {
 
     /// The parameter's value.
     pub fn value(&self, id: ParamId) -> Result<&[f32]> {
+        if self.dev.is_some() {
+            return on_device("value");
+        }
         Ok(&self.values[self.check(id)?])
     }
 
     /// The parameter's value, mutably.
     pub fn value_mut(&mut self, id: ParamId) -> Result<&mut [f32]> {
+        if self.dev.is_some() {
+            return on_device("value_mut");
+        }
         let i = self.check(id)?;
         Ok(&mut self.values[i])
     }
 
     /// The accumulated gradient.
     pub fn grad(&self, id: ParamId) -> Result<&[f32]> {
+        if self.dev.is_some() {
+            return on_device("grad");
+        }
         Ok(&self.grads[self.check(id)?])
     }
 
     /// The accumulated gradient, mutably (e.g. to scale it).
     pub fn grad_mut(&mut self, id: ParamId) -> Result<&mut [f32]> {
+        if self.dev.is_some() {
+            return on_device("grad_mut");
+        }
         let i = self.check(id)?;
         Ok(&mut self.grads[i])
     }
@@ -215,10 +253,102 @@ impl ParamStore {
         for g in &mut self.grads {
             g.fill(0.0);
         }
+        if let Some(d) = &mut self.dev {
+            d.grads.iter_mut().for_each(|g| *g = None);
+        }
+    }
+
+    /// Where the values and gradients live.
+    pub fn device(&self) -> Device {
+        if self.dev.is_some() {
+            Device::Cuda
+        } else {
+            Device::Cpu
+        }
+    }
+
+    /// The device backend, when the store lives on a device.
+    pub fn backend(&self) -> Option<&Arc<DeviceBackend>> {
+        self.dev.as_ref().map(|d| &d.be)
+    }
+
+    /// Moves the store onto a device: uploads every value and gradient. From then on graphs
+    /// over this store compute on the device; [`ParamStore::value`] and friends report
+    /// [`Error::WrongDevice`] (use [`ParamStore::download_value`] /
+    /// [`ParamStore::download_grad`], or [`ParamStore::to_host`]). A no-op on a store already
+    /// on a device.
+    pub fn to_device(&mut self, be: &Arc<DeviceBackend>) -> Result<()> {
+        if self.dev.is_some() {
+            return Ok(());
+        }
+        let values = self
+            .values
+            .iter()
+            .map(|v| be.upload(v))
+            .collect::<std::result::Result<Vec<_>, _>>()?;
+        let grads = self
+            .grads
+            .iter()
+            .map(|g| {
+                g.iter()
+                    .any(|&x| x != 0.0)
+                    .then(|| be.upload(g))
+                    .transpose()
+            })
+            .collect::<std::result::Result<Vec<_>, _>>()?;
+        self.dev = Some(DevParams {
+            be: Arc::clone(be),
+            values,
+            grads,
+        });
+        Ok(())
+    }
+
+    /// Downloads every value and gradient and leaves the device (the store is a CPU store
+    /// again; nothing changes if it already is). On error the store stays on the device.
+    pub fn to_host(&mut self) -> Result<()> {
+        let Some(d) = &self.dev else {
+            return Ok(());
+        };
+        let mut values = Vec::with_capacity(self.len());
+        let mut grads = Vec::with_capacity(self.len());
+        for (v, g) in d.values.iter().zip(&d.grads) {
+            values.push(d.be.download(v)?);
+            grads.push(match g {
+                Some(g) => d.be.download(g)?,
+                None => vec![0.0; d.be.len(v)],
+            });
+        }
+        self.values = values;
+        self.grads = grads;
+        self.dev = None;
+        Ok(())
+    }
+
+    /// A copy of the parameter's value on the host, wherever it lives.
+    pub fn download_value(&self, id: ParamId) -> Result<Vec<f32>> {
+        let i = self.check(id)?;
+        match &self.dev {
+            None => Ok(self.values[i].clone()),
+            Some(d) => Ok(d.be.download(&d.values[i])?),
+        }
+    }
+
+    /// A copy of the accumulated gradient on the host, wherever it lives.
+    pub fn download_grad(&self, id: ParamId) -> Result<Vec<f32>> {
+        let i = self.check(id)?;
+        match &self.dev {
+            None => Ok(self.grads[i].clone()),
+            Some(d) => match &d.grads[i] {
+                Some(g) => Ok(d.be.download(g)?),
+                None => Ok(vec![0.0; self.shapes[i].numel()]),
+            },
+        }
     }
 
     /// Values (mutable) and gradients side by side in insertion order: the argument pair of
-    /// `optim::AdamW::step`.
+    /// `optim::AdamW::step`. Host data: on a device store, the values and gradients as of
+    /// [`ParamStore::to_device`] (call [`ParamStore::to_host`] first).
     pub fn params_and_grads(&mut self) -> (Vec<&mut [f32]>, Vec<&[f32]>) {
         let values = self.values.iter_mut().map(|v| &mut v[..]).collect();
         let grads = self.grads.iter().map(|g| &g[..]).collect();
@@ -230,7 +360,8 @@ impl ParamStore {
         self.grads.iter().map(|g| &g[..]).collect()
     }
 
-    /// Every parameter's name, shape and value, in insertion order.
+    /// Every parameter's name, shape and value, in insertion order. Host data: on a device
+    /// store use [`ParamStore::export_any`].
     pub fn export(&self) -> Vec<NamedTensor> {
         (0..self.len())
             .map(|i| NamedTensor {
@@ -241,7 +372,20 @@ impl ParamStore {
             .collect()
     }
 
-    /// Loads values by name. Every parameter of the store must be present with the same shape
+    /// [`ParamStore::export`] on either device (downloads a device store's values).
+    pub fn export_any(&self) -> Result<Vec<NamedTensor>> {
+        (0..self.len())
+            .map(|i| {
+                Ok(NamedTensor {
+                    name: self.names[i].clone(),
+                    shape: self.shapes[i].dims().to_vec(),
+                    data: self.download_value(ParamId(i as u32))?,
+                })
+            })
+            .collect()
+    }
+
+    /// Loads values by name (uploading them on a device store). Every parameter of the store must be present with the same shape
     /// and no unknown names may appear; on error nothing is changed.
     pub fn import(&mut self, tensors: &[NamedTensor]) -> Result<()> {
         let mut seen = vec![false; self.len()];
@@ -268,6 +412,15 @@ impl ParamStore {
                 "{} (missing from import)",
                 self.names[i]
             )));
+        }
+        if let Some(d) = &mut self.dev {
+            let mut up = Vec::with_capacity(tensors.len());
+            for t in tensors {
+                up.push((self.index[&t.name].index(), d.be.upload(&t.data)?));
+            }
+            for (i, b) in up {
+                d.values[i] = b;
+            }
         }
         for t in tensors {
             let i = self.id(&t.name)?.index();

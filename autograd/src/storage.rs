@@ -1,11 +1,14 @@
 //! Where tensor data lives, and the buffer pool that recycles it between steps.
 //!
-//! The device boundary is an enum, as in candle: [`Storage`] has one variant per backend
-//! (only `Cpu` today). Every op front-end in `ops/` reads its inputs through
-//! [`Storage::cpu`]-style accessors and calls the kernel of the matching backend, so adding
-//! `Storage::Cuda` makes the compiler point at every op that needs a CUDA kernel.
+//! The device boundary is an enum, as in candle: [`Storage`] has one variant per device. Every
+//! op front-end in `ops/` matches on the graph's [`Device`]: the `Cpu` arm runs the op's CPU
+//! kernel on host slices, the `Cuda` arm the CUDA kernel through
+//! [`DeviceBackend`](crate::backend::DeviceBackend) on [`DeviceBuf`]s (a GPU's memory, or the
+//! emulator's host memory standing in for it in tests).
 
 use std::collections::BTreeMap;
+
+use crate::backend::DeviceBuf;
 
 /// The device a graph computes on.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
@@ -13,6 +16,9 @@ pub enum Device {
     /// Host memory, f32, row-major; kernels in the `cpu` module of each op.
     #[default]
     Cpu,
+    /// A CUDA device (or `kernels-cuda`'s emulator standing in for one): f32 device buffers,
+    /// the kernels of `kernels-cuda` through [`DeviceBackend`](crate::backend::DeviceBackend).
+    Cuda,
 }
 
 /// The data of one tensor on its device.
@@ -20,6 +26,8 @@ pub enum Device {
 pub enum Storage {
     /// A host buffer.
     Cpu(CpuBuf),
+    /// A device buffer.
+    Cuda(DeviceBuf<f32>),
 }
 
 impl Storage {
@@ -27,13 +35,24 @@ impl Storage {
     pub fn device(&self) -> Device {
         match self {
             Storage::Cpu(_) => Device::Cpu,
+            Storage::Cuda(_) => Device::Cuda,
         }
     }
 
-    /// The host data.
+    /// The host data. A graph's nodes all live on its device and the CPU kernels run only on
+    /// a CPU graph, so a device buffer never reaches here; it would read as empty.
     pub(crate) fn cpu(&self) -> &[f32] {
         match self {
             Storage::Cpu(b) => b.as_slice(),
+            Storage::Cuda(_) => &[],
+        }
+    }
+
+    /// The device data (`None` for host data).
+    pub(crate) fn cuda(&self) -> Option<&DeviceBuf<f32>> {
+        match self {
+            Storage::Cpu(_) => None,
+            Storage::Cuda(b) => Some(b),
         }
     }
 }
@@ -143,6 +162,8 @@ impl BufferPool {
     pub(crate) fn give_storage(&mut self, s: Storage) {
         match s {
             Storage::Cpu(b) => self.give(b),
+            // device memory is freed (no device pool yet)
+            Storage::Cuda(_) => {}
         }
     }
 

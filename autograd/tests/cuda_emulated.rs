@@ -14,7 +14,7 @@
 
 mod kernel_checks;
 
-use autograd::backend::{Backend, KernelBackend};
+use autograd::backend::{Backend, DeviceBackend, KernelBackend};
 use kernel_checks as k;
 use kernels_cuda::emu::{Emu, EmuError};
 use quant::{OperandQuant, RngKey, Usage};
@@ -68,10 +68,25 @@ on_emu!(
     k::attention_within_derived_bounds
 );
 on_emu!(bad_input_is_a_typed_error, k::bad_input_is_a_typed_error);
-on_emu!(
-    tiny_model_step_matches_the_graph_step,
-    k::tiny_model_step_matches_the_graph_step
-);
+/// The emulated CUDA device as a `Device::Cuda` backend for `ParamStore::to_device`.
+fn emu_device(test: &str) -> Option<std::sync::Arc<DeviceBackend>> {
+    emu(test)?;
+    Some(DeviceBackend::emulated(Emu::shared().unwrap()).unwrap())
+}
+
+#[test]
+fn tiny_model_graph_step_on_device_matches_cpu() {
+    if let Some(d) = emu_device("tiny_model_graph_step_on_device_matches_cpu") {
+        k::tiny_model_graph_step_on_device_matches_cpu(&d);
+    }
+}
+
+#[test]
+fn device_graph_boundary() {
+    if let Some(d) = emu_device("device_graph_boundary") {
+        k::device_graph_boundary(&d);
+    }
+}
 
 /// The NVFP4 quantizer kernels (`nb_amax` / `nb_amax_rht_col`, `nb_nvfp4_quantize`,
 /// `nb_nvfp4_dequantize`) as the emulated linear layer's quantizer; every operand's codes,

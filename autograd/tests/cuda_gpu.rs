@@ -64,7 +64,16 @@ on_gpu!(
     k::attention_within_derived_bounds
 );
 on_gpu!(bad_input_is_a_typed_error, k::bad_input_is_a_typed_error);
-on_gpu!(
-    tiny_model_step_matches_the_graph_step,
-    k::tiny_model_step_matches_the_graph_step
-);
+on_gpu!(tiny_model_graph_step_on_device_matches_cpu, |_| {
+    k::tiny_model_graph_step_on_device_matches_cpu(&device())
+});
+on_gpu!(device_graph_boundary, |_| k::device_graph_boundary(
+    &device()
+));
+
+/// The GPU as a `Device::Cuda` backend (one per process).
+fn device() -> std::sync::Arc<autograd::backend::DeviceBackend> {
+    static DEV: OnceLock<std::sync::Arc<autograd::backend::DeviceBackend>> = OnceLock::new();
+    DEV.get_or_init(|| autograd::backend::DeviceBackend::cuda().expect("the GPU opened above"))
+        .clone()
+}

@@ -26,10 +26,12 @@
 //! ```
 
 mod cpu;
+mod device;
 mod error;
 mod kernels;
 
 pub use cpu::CpuBackend;
+pub use device::{DeviceBackend, DeviceBuf, DeviceLauncher};
 pub use error::BackendError;
 pub use kernels::{CudaBackend, KernelBackend};
 pub use kernels_cuda::train::AdamWCoeffs;

@@ -3,6 +3,7 @@
 
 use crate::cpu::{exp, for_chunks, sigmoid, store, tanh};
 use crate::error::shape_err;
+use crate::backend::Act;
 use crate::graph::backward_fn;
 use crate::{Graph, Result, Tensor};
 
@@ -29,11 +30,17 @@ impl Graph<'_> {
     /// # Ok::<(), autograd::Error>(())
     /// ```
     pub fn gelu(&mut self, x: Tensor) -> Result<Tensor> {
+        if self.dev.is_some() {
+            return self.dev_act("gelu", Act::Gelu, x);
+        }
         self.pointwise("gelu", x, cpu::gelu_fwd, cpu::gelu_bwd)
     }
 
     /// SiLU (swish): `x · σ(x)`.
     pub fn silu(&mut self, x: Tensor) -> Result<Tensor> {
+        if self.dev.is_some() {
+            return self.dev_act("silu", Act::Silu, x);
+        }
         self.pointwise("silu", x, cpu::silu_fwd, cpu::silu_bwd)
     }
 
@@ -42,6 +49,9 @@ impl Graph<'_> {
         let (sg, su) = (self.shape(gate)?, self.shape(up)?);
         if sg != su {
             return shape_err("swiglu", format!("gate {sg} and up {su} differ"));
+        }
+        if self.dev.is_some() {
+            return self.dev_swiglu(gate, up, sg);
         }
         let mut out = self.alloc(sg.numel());
         let v = self.values();

@@ -65,6 +65,9 @@ impl Graph<'_> {
         }
         let (t, d) = (sq.dims()[2], sq.dims()[3]);
         let bh = sq.dims()[0] * sq.dims()[1];
+        if self.dev.is_some() {
+            return self.dev_attention([q, k, v], sq, bh, t, d);
+        }
         let mut out = self.alloc(sq.numel());
         let mut lse = vec![0.0f32; bh * t];
         let vals = self.values();

@@ -44,6 +44,9 @@ impl Graph<'_> {
         past: usize,
     ) -> Result<Tensor> {
         let sq = self.shape(q)?;
+        if self.dev.is_some() {
+            return crate::ops::device::no_kernel("cached_attention");
+        }
         if sq.rank() != 4 {
             return shape_err(
                 "cached_attention",

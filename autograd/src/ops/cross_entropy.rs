@@ -52,6 +52,9 @@ impl Graph<'_> {
                 size: v,
             });
         }
+        if self.dev.is_some() {
+            return self.dev_cross_entropy(logits, targets, ignore_index, v);
+        }
         let count = targets.iter().filter(|&&t| !ignored(t)).count();
         // per-row (loss, log-sum-exp)
         let mut stats = vec![0.0f32; 2 * rows];

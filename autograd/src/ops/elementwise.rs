@@ -35,6 +35,9 @@ impl Graph<'_> {
     pub fn add(&mut self, a: Tensor, b: Tensor) -> Result<Tensor> {
         let (sa, sb) = (self.shape(a)?, self.shape(b)?);
         let nb = broadcast("add", sa, sb)?;
+        if self.dev.is_some() {
+            return self.dev_add(a, b, nb, sa);
+        }
         let mut out = self.alloc(sa.numel());
         let v = self.values();
         cpu::add(v.get(a), v.get(b), nb, out.as_mut_slice());
@@ -64,6 +67,9 @@ impl Graph<'_> {
     pub fn mul(&mut self, a: Tensor, b: Tensor) -> Result<Tensor> {
         let (sa, sb) = (self.shape(a)?, self.shape(b)?);
         let nb = broadcast("mul", sa, sb)?;
+        if self.dev.is_some() {
+            return self.dev_mul(a, b, nb, sa);
+        }
         let mut out = self.alloc(sa.numel());
         let v = self.values();
         cpu::mul(v.get(a), v.get(b), nb, out.as_mut_slice());
@@ -96,6 +102,9 @@ impl Graph<'_> {
     /// `s · x` for a constant `s`.
     pub fn scale(&mut self, x: Tensor, s: f32) -> Result<Tensor> {
         let sx = self.shape(x)?;
+        if self.dev.is_some() {
+            return self.dev_scale(x, s, sx);
+        }
         let mut out = self.alloc(sx.numel());
         let xv = self.values().get(x);
         cpu::scale(xv, s, false, out.as_mut_slice());

@@ -45,6 +45,9 @@ impl Graph<'_> {
                 size: vocab,
             });
         }
+        if self.dev.is_some() {
+            return self.dev_embedding(ids, table, d, out_shape);
+        }
         let mut out = self.alloc(out_shape.numel());
         let tv = self.values().get(table);
         for_rows(

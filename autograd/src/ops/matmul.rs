@@ -109,11 +109,17 @@ impl Graph<'_> {
     /// # Ok::<(), autograd::Error>(())
     /// ```
     pub fn matmul(&mut self, a: Tensor, b: Tensor) -> Result<Tensor> {
+        if self.dev.is_some() {
+            return crate::ops::device::no_kernel("matmul");
+        }
         self.bmm(a, b, false)
     }
 
     /// `a · bᵀ` over the last two axes: `a: [..., M, K]`, `b: [..., N, K]` → `[..., M, N]`.
     pub fn matmul_t(&mut self, a: Tensor, b: Tensor) -> Result<Tensor> {
+        if self.dev.is_some() {
+            return crate::ops::device::no_kernel("matmul_t");
+        }
         self.bmm(a, b, true)
     }
 

@@ -5,6 +5,7 @@ pub mod activation;
 pub mod attention;
 pub mod attention_cached;
 pub mod cross_entropy;
+pub(crate) mod device;
 pub mod elementwise;
 pub mod embedding;
 pub mod linear;

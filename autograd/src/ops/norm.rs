@@ -5,6 +5,7 @@ use rayon::prelude::*;
 
 use crate::cpu::{for_rows_with, rows_per_task, simd, store, sum, sum_sq, PAR_MIN};
 use crate::error::{arg_err, shape_err};
+use crate::backend::NormKind;
 use crate::graph::backward_fn;
 use crate::{Graph, Result, Shape, Tensor};
 
@@ -44,6 +45,9 @@ impl Graph<'_> {
     pub fn rmsnorm(&mut self, x: Tensor, w: Tensor, eps: f32) -> Result<Tensor> {
         let (sx, sw) = (self.shape(x)?, self.shape(w)?);
         let d = check("rmsnorm", sx, sw, eps)?;
+        if self.dev.is_some() {
+            return self.dev_norm(NormKind::Rms, x, w, None, eps);
+        }
         let rg = self.needs_grad(&[x, w]);
         let mut out = self.alloc(sx.numel());
         let mut rstd = vec![0.0f32; if rg { sx.rows() } else { 0 }];
@@ -93,6 +97,9 @@ impl Graph<'_> {
             if sb != sw {
                 return shape_err("layernorm", format!("bias {sb} differs from gain {sw}"));
             }
+        }
+        if self.dev.is_some() {
+            return self.dev_norm(NormKind::Layer, x, w, b, eps);
         }
         let inputs: Vec<Tensor> = [Some(x), Some(w), b].into_iter().flatten().collect();
         let rg = self.needs_grad(&inputs);

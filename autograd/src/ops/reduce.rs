@@ -30,6 +30,9 @@ impl Graph<'_> {
 
     fn reduce(&mut self, x: Tensor, factor: f64) -> Result<Tensor> {
         self.check(x)?;
+        if self.dev.is_some() {
+            return self.dev_reduce(x, factor);
+        }
         let mut out = self.alloc(1);
         out.as_mut_slice()[0] = (cpu::sum_f64(self.values().get(x)) * factor) as f32;
         let bw = self.needs_grad(&[x]).then(|| {

@@ -52,6 +52,9 @@ impl Graph<'_> {
             return arg_err("rope", format!("base must be finite and > 1, got {base}"));
         }
         let (t, d) = (sx.dims()[sx.rank() - 2], sx.last());
+        if self.dev.is_some() {
+            return self.dev_rope(x, base, pos_offset, t, d);
+        }
         let key = (t, d, base.to_bits(), pos_offset);
         let tab = match self.rope_cache.get(&key) {
             Some(tab) => tab.clone(),

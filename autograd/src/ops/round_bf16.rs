@@ -26,6 +26,9 @@ impl Graph<'_> {
     /// ```
     pub fn round_bf16(&mut self, x: Tensor) -> Result<Tensor> {
         let sx = self.shape(x)?;
+        if self.dev.is_some() {
+            return self.dev_round_bf16(x, sx);
+        }
         let mut out = self.alloc(sx.numel());
         let xv = self.values().get(x);
         for_chunks(

@@ -4,6 +4,7 @@
 use crate::cpu::{for_rows, store};
 use crate::error::{arg_err, shape_err};
 use crate::graph::backward_fn;
+use crate::ops::device::no_kernel;
 use crate::{Graph, Result, Shape, Tensor, MAX_RANK};
 
 /// `dims` left-padded with ones to rank 4.
@@ -34,6 +35,9 @@ impl Graph<'_> {
         let s = Shape::new(shape)?;
         if s.numel() != sx.numel() {
             return shape_err("reshape", format!("cannot view {sx} as {s}"));
+        }
+        if self.dev.is_some() {
+            return self.dev_reshape(x, s);
         }
         let bw = self.needs_grad(&[x]).then(|| {
             backward_fn(move |ctx, dy| {
@@ -111,6 +115,9 @@ impl Graph<'_> {
                 format!("sizes {sizes:?} do not add up to the last axis of {sx}"),
             );
         }
+        if self.dev.is_some() {
+            return no_kernel("split");
+        }
         let rows = sx.rows();
         let mut outs = Vec::with_capacity(sizes.len());
         let mut off = 0;
@@ -167,6 +174,9 @@ impl Graph<'_> {
         b: usize,
         out_shape: Shape,
     ) -> Result<Tensor> {
+        if self.dev.is_some() {
+            return no_kernel("transpose / split_heads / merge_heads");
+        }
         let (a, b) = (a.min(b), a.max(b));
         let mut out = self.alloc(out_shape.numel());
         cpu::swap_axes(self.values().get(x), dims, a, b, false, out.as_mut_slice());
