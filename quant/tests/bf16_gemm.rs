@@ -243,3 +243,73 @@ fn within_the_derived_bound_of_the_f64_product_on_training_shapes() {
         );
     }
 }
+
+/// Every packing path (K-contiguous rows, transposed views, general strides, on either
+/// operand) gives the bits of the contiguous operands, including partial tiles and an odd K.
+#[test]
+fn every_operand_layout_packs_the_same_bits() {
+    let mut rnd = lcg(11);
+    for (m, n, k) in [(37, 21, 75), (16, 32, 64), (5, 48, 33), (33, 17, 1)] {
+        let a: Vec<f32> = (0..m * k).map(|_| rnd() * 7.0).collect();
+        let b: Vec<f32> = (0..n * k).map(|_| rnd()).collect();
+        // the same matrices stored transposed (with a padded row) and with both strides > 1
+        let tr = |x: &[f32], rows: usize| -> Vec<f32> {
+            let mut t = vec![f32::NAN; k * (rows + 3)];
+            for i in 0..rows {
+                for kk in 0..k {
+                    t[kk * (rows + 3) + i] = x[i * k + kk];
+                }
+            }
+            t
+        };
+        let wide = |x: &[f32], rows: usize| -> Vec<f32> {
+            let mut w = vec![f32::NAN; rows * k * 2 + 1];
+            for (i, &v) in x.iter().enumerate() {
+                w[2 * i + 1] = v;
+            }
+            w
+        };
+        let (at, bt, aw, bw) = (tr(&a, m), tr(&b, n), wide(&a, m), wide(&b, n));
+        fn views<'a>(xt: &'a [f32], xw: &'a [f32], rows: usize, k: usize) -> [MatRef<'a>; 2] {
+            [
+                MatRef {
+                    data: xt,
+                    rows,
+                    cols: k,
+                    row_stride: 1,
+                    col_stride: rows + 3,
+                },
+                MatRef {
+                    data: &xw[1..],
+                    rows,
+                    cols: k,
+                    row_stride: 2 * k,
+                    col_stride: 2,
+                },
+            ]
+        }
+        let mut ws = Bf16Workspace::new();
+        let mut want = vec![0.0f32; m * n];
+        bf16_gemm_tn(
+            MatRef::row_major(&a, m, k),
+            MatRef::row_major(&b, n, k),
+            &mut want,
+            &mut ws,
+        );
+        let av = [MatRef::row_major(&a, m, k)]
+            .into_iter()
+            .chain(views(&at, &aw, m, k));
+        for (ia, va) in av.enumerate() {
+            let bv = [MatRef::row_major(&b, n, k)]
+                .into_iter()
+                .chain(views(&bt, &bw, n, k));
+            for (ib, vb) in bv.enumerate() {
+                let mut got = vec![f32::NAN; m * n];
+                bf16_gemm_tn(va, vb, &mut got, &mut ws);
+                assert_eq!(got, want, "A layout {ia}, B layout {ib}, [{m},{n},{k}]");
+                bf16_gemm_tn_portable(va, vb, &mut got, &mut ws);
+                assert_eq!(got, want, "portable, A layout {ia}, B layout {ib}");
+            }
+        }
+    }
+}

@@ -34,6 +34,8 @@ pub const CHUNK: usize = 32;
 const TILE: usize = 16;
 /// BF16 elements of one packed tile.
 const TILE_ELEMS: usize = TILE * CHUNK;
+/// 32-bit words (BF16 pairs along K) of one packed tile.
+const TILE_WORDS: usize = TILE_ELEMS / 2;
 /// Rows and columns of the output block one kernel call computes (2 x 2 tiles).
 const BLOCK: usize = 2 * TILE;
 
@@ -79,8 +81,8 @@ fn add_exact(s: f32, p: f64) -> f32 {
 /// Packed operands, reusable across calls.
 #[derive(Debug, Default)]
 pub struct Bf16Workspace {
-    a: Vec<u16>,
-    b: Vec<u16>,
+    a: Vec<u32>,
+    b: Vec<u32>,
 }
 
 impl Bf16Workspace {
@@ -173,13 +175,13 @@ fn gemm(amx: bool, a: MatRef<'_>, b: MatRef<'_>, out: &mut [f32], ws: &mut Bf16W
     out.par_chunks_mut(BLOCK * n)
         .enumerate()
         .for_each(|(ib, rows)| {
-            let a_blk = &pa[ib * 2 * kc * TILE_ELEMS..][..2 * kc * TILE_ELEMS];
+            let a_blk = &pa[ib * 2 * kc * TILE_WORDS..][..2 * kc * TILE_WORDS];
             let mut c = [0.0f32; BLOCK * BLOCK];
             let m_here = rows.len() / n;
             #[cfg(target_arch = "x86_64")]
             let _cfg = amx.then(super::amx::TileConfig::load);
             for jb in 0..nb {
-                let b_blk = &pb[jb * 2 * kc * TILE_ELEMS..][..2 * kc * TILE_ELEMS];
+                let b_blk = &pb[jb * 2 * kc * TILE_WORDS..][..2 * kc * TILE_WORDS];
                 let n_here = (n - jb * BLOCK).min(BLOCK);
                 if m_here == BLOCK && n_here == BLOCK {
                     // a whole block: straight into the output rows
@@ -198,7 +200,7 @@ fn gemm(amx: bool, a: MatRef<'_>, b: MatRef<'_>, out: &mut [f32], ws: &mut Bf16W
 /// One 32 x 32 output block over all chunks, written to `c` with row stride `ldc` (tile
 /// `(i, j)`: rows `16i ..`, columns `16j ..`). `c` must hold `31 · ldc + 32` elements.
 #[inline]
-fn block(amx: bool, a: &[u16], b: &[u16], kc: usize, c: &mut [f32], ldc: usize) {
+fn block(amx: bool, a: &[u32], b: &[u32], kc: usize, c: &mut [f32], ldc: usize) {
     assert!(ldc >= BLOCK && c.len() >= (BLOCK - 1) * ldc + BLOCK);
     #[cfg(target_arch = "x86_64")]
     if amx {
@@ -206,7 +208,15 @@ fn block(amx: bool, a: &[u16], b: &[u16], kc: usize, c: &mut [f32], ldc: usize) 
         // caller loaded the tile configuration on this thread, `a` and `b` hold two runs of
         // `kc` packed tiles each (checked by the caller's slicing), and `c` holds the 32 x 32
         // block at stride `ldc` (asserted above).
-        unsafe { super::amx::block_2x2(a.as_ptr(), b.as_ptr(), kc, c.as_mut_ptr(), ldc) };
+        unsafe {
+            super::amx::block_2x2(
+                a.as_ptr().cast(),
+                b.as_ptr().cast(),
+                kc,
+                c.as_mut_ptr(),
+                ldc,
+            )
+        };
         return;
     }
     let _ = amx;
@@ -215,9 +225,9 @@ fn block(amx: bool, a: &[u16], b: &[u16], kc: usize, c: &mut [f32], ldc: usize) 
     }
     for t in 0..kc {
         for i in 0..2 {
-            let at = &a[(i * kc + t) * TILE_ELEMS..][..TILE_ELEMS];
+            let at = bytemuck::cast_slice(&a[(i * kc + t) * TILE_WORDS..][..TILE_WORDS]);
             for j in 0..2 {
-                let bt = &b[(j * kc + t) * TILE_ELEMS..][..TILE_ELEMS];
+                let bt = bytemuck::cast_slice(&b[(j * kc + t) * TILE_WORDS..][..TILE_WORDS]);
                 tile_portable(&mut c[i * TILE * ldc + j * TILE..], ldc, at, bt);
             }
         }
@@ -245,139 +255,150 @@ fn tile_portable(c: &mut [f32], ldc: usize, a: &[u16], b: &[u16]) {
     }
 }
 
+/// Two BF16 values as the 32-bit word that holds `lo` first in memory (element `2p` of a
+/// pair before `2p + 1`, whatever the byte order).
+#[inline(always)]
+fn pair(lo: u16, hi: u16) -> u32 {
+    if cfg!(target_endian = "little") {
+        lo as u32 | (hi as u32) << 16
+    } else {
+        hi as u32 | (lo as u32) << 16
+    }
+}
+
 /// Packs `A: [M, K]` into `row_tiles · kc` tiles of 16 rows x 32 BF16 (row-major, rows and
-/// K padded with zeros): tile `(i, t)` at `(i · kc + t) · 512`.
-fn pack_a(a: MatRef<'_>, kc: usize, row_tiles: usize, buf: &mut Vec<u16>) {
-    let len = row_tiles * kc * TILE_ELEMS;
+/// K padded with zeros): tile `(i, t)` at word `(i · kc + t) · 256`, element `(r, k)` of it
+/// in word `r · 16 + k / 2`.
+fn pack_a(a: MatRef<'_>, kc: usize, row_tiles: usize, buf: &mut Vec<u32>) {
+    let len = row_tiles * kc * TILE_WORDS;
     if buf.len() < len {
         buf.resize(len, 0);
     }
     let wide = wide_packing();
     buf[..len]
-        .par_chunks_mut(kc * TILE_ELEMS)
+        .par_chunks_mut(kc * TILE_WORDS)
         .enumerate()
         .for_each(|(i, tiles)| {
             #[cfg(target_arch = "x86_64")]
             if wide {
                 // SAFETY: `wide` says the CPU has AVX-512F/BW/VL.
-                unsafe { pack_a_tiles_avx512(a, kc, i, tiles) };
+                unsafe { pack_tiles_avx512(a, kc, i, tiles, true) };
                 return;
             }
-            pack_a_tiles(a, kc, i, tiles);
+            pack_tiles(a, kc, i, tiles, true);
         });
 }
 
 /// Packs `B: [N, K]` into `col_tiles · kc` tiles of 16 K-pairs x 16 columns x 2 BF16 (the
 /// pair-interleaved layout of the tile unit's second operand, zero-padded): element
-/// `(n, k)` of tile `(j, t)` (`n = 16j + nn`, `k = 32t + 2p + q`) at
-/// `(j · kc + t) · 512 + p · 32 + nn · 2 + q`.
-fn pack_b(b: MatRef<'_>, kc: usize, col_tiles: usize, buf: &mut Vec<u16>) {
-    let len = col_tiles * kc * TILE_ELEMS;
+/// `(n, k)` of tile `(j, t)` (`n = 16j + nn`, `k = 32t + 2p + q`) in word
+/// `(j · kc + t) · 256 + p · 16 + nn`, half `q`.
+fn pack_b(b: MatRef<'_>, kc: usize, col_tiles: usize, buf: &mut Vec<u32>) {
+    let len = col_tiles * kc * TILE_WORDS;
     if buf.len() < len {
         buf.resize(len, 0);
     }
     let wide = wide_packing();
     buf[..len]
-        .par_chunks_mut(kc * TILE_ELEMS)
+        .par_chunks_mut(kc * TILE_WORDS)
         .enumerate()
         .for_each(|(j, tiles)| {
             #[cfg(target_arch = "x86_64")]
             if wide {
                 // SAFETY: `wide` says the CPU has AVX-512F/BW/VL.
-                unsafe { pack_b_tiles_avx512(b, kc, j, tiles) };
+                unsafe { pack_tiles_avx512(b, kc, j, tiles, false) };
                 return;
             }
-            pack_b_tiles(b, kc, j, tiles);
+            pack_tiles(b, kc, j, tiles, false);
         });
 }
 
-/// Packs the `kc` tiles of 16-row block `i` of A (see [`pack_a`]).
+/// Packs the `kc` tiles of 16-row block `i` of `x: [rows, K]`: as A tiles (`words[r][p]`,
+/// see [`pack_a`]) when `a_layout`, as B tiles (`words[p][r]`, see [`pack_b`]) otherwise.
+/// The two layouts are transposes of each other in words, so both are made from one 16 x 16
+/// block of pairs `w[r][p]`, gathered along whichever axis of the view is contiguous.
 #[inline(always)]
-fn pack_a_tiles(a: MatRef<'_>, kc: usize, i: usize, tiles: &mut [u16]) {
-    let k = a.cols;
-    let rows_here = a.rows.saturating_sub(i * TILE).min(TILE);
-    if rows_here < TILE || k % CHUNK != 0 {
-        tiles.fill(0);
-    }
+fn pack_tiles(x: MatRef<'_>, kc: usize, i: usize, tiles: &mut [u32], a_layout: bool) {
+    let k = x.cols;
+    let rows_here = x.rows.saturating_sub(i * TILE).min(TILE);
     if rows_here == 0 {
-        return; // a padding tile
+        tiles.fill(0); // a padding tile
+        return;
     }
+    let mut w = [[0u32; TILE]; TILE];
     for t in 0..kc {
-        let tile = &mut tiles[t * TILE_ELEMS..][..TILE_ELEMS];
+        let tile = &mut tiles[t * TILE_WORDS..][..TILE_WORDS];
         let (k0, kn) = (t * CHUNK, (k - t * CHUNK).min(CHUNK));
-        if a.col_stride == 1 {
-            for r in 0..rows_here {
-                let src = &a.data[(i * TILE + r) * a.row_stride + k0..][..kn];
-                for (d, &x) in tile[r * CHUNK..][..kn].iter_mut().zip(src) {
-                    *d = bf16_bits(x);
+        // `by_rows`: w[r][p] for each row r (K contiguous in memory);
+        // otherwise w[p][r] for each pair p (rows contiguous): the transposed block.
+        let by_rows = x.col_stride == 1 || x.row_stride != 1;
+        if by_rows {
+            for (r, wr) in w.iter_mut().enumerate() {
+                wr.fill(0);
+                if r >= rows_here {
+                    continue;
                 }
-            }
-        } else if a.row_stride == 1 {
-            // a transposed view: each K step reads 16 consecutive rows
-            for kk in 0..kn {
-                let src = &a.data[(k0 + kk) * a.col_stride + i * TILE..][..rows_here];
-                for (r, &x) in src.iter().enumerate() {
-                    tile[r * CHUNK + kk] = bf16_bits(x);
+                let base = (i * TILE + r) * x.row_stride + k0 * x.col_stride;
+                if x.col_stride == 1 {
+                    let src = &x.data[base..][..kn];
+                    let (pairs, rest) = src.split_at(kn & !1);
+                    for (d, v) in wr.iter_mut().zip(pairs.chunks_exact(2)) {
+                        *d = pair(bf16_bits(v[0]), bf16_bits(v[1]));
+                    }
+                    if let Some(&v) = rest.first() {
+                        wr[kn / 2] = pair(bf16_bits(v), 0);
+                    }
+                } else {
+                    for kk in 0..kn {
+                        let h = bf16_bits(x.data[base + kk * x.col_stride]);
+                        let d = &mut wr[kk / 2];
+                        *d = if kk % 2 == 0 {
+                            pair(h, 0)
+                        } else {
+                            *d | pair(0, h)
+                        };
+                    }
                 }
             }
         } else {
-            for r in 0..rows_here {
-                let base = (i * TILE + r) * a.row_stride + k0 * a.col_stride;
-                for kk in 0..kn {
-                    tile[r * CHUNK + kk] = bf16_bits(a.data[base + kk * a.col_stride]);
+            for (p, wp) in w.iter_mut().enumerate() {
+                wp.fill(0);
+                let line = |kk: usize| &x.data[(k0 + kk) * x.col_stride + i * TILE..][..rows_here];
+                if 2 * p + 1 < kn {
+                    for ((d, &lo), &hi) in wp.iter_mut().zip(line(2 * p)).zip(line(2 * p + 1)) {
+                        *d = pair(bf16_bits(lo), bf16_bits(hi));
+                    }
+                } else if 2 * p < kn {
+                    for (d, &lo) in wp.iter_mut().zip(line(2 * p)) {
+                        *d = pair(bf16_bits(lo), 0);
+                    }
                 }
             }
+        }
+        if by_rows == a_layout {
+            tile.copy_from_slice(bytemuck::cast_slice(&w));
+        } else {
+            store_transposed(&w, tile);
         }
     }
 }
 
-/// [`pack_a_tiles`] compiled for AVX-512 (every CPU with AMX has it).
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma")]
-unsafe fn pack_a_tiles_avx512(a: MatRef<'_>, kc: usize, i: usize, tiles: &mut [u16]) {
-    pack_a_tiles(a, kc, i, tiles)
-}
-
-/// Packs the `kc` tiles of 16-column block `j` of B (see [`pack_b`]).
+/// `tile[y · 16 + x] = w[x][y]`: the 16 x 16 words transposed.
 #[inline(always)]
-fn pack_b_tiles(b: MatRef<'_>, kc: usize, j: usize, tiles: &mut [u16]) {
-    let k = b.cols;
-    let cols_here = b.rows.saturating_sub(j * TILE).min(TILE);
-    if cols_here < TILE || k % CHUNK != 0 {
-        tiles.fill(0);
-    }
-    if cols_here == 0 {
-        return; // a padding tile
-    }
-    for t in 0..kc {
-        let tile = &mut tiles[t * TILE_ELEMS..][..TILE_ELEMS];
-        let (k0, kn) = (t * CHUNK, (k - t * CHUNK).min(CHUNK));
-        if b.row_stride == 1 {
-            // a transposed view: each K step reads 16 consecutive columns
-            for kk in 0..kn {
-                let src = &b.data[(k0 + kk) * b.col_stride + j * TILE..][..cols_here];
-                let dst = &mut tile[(kk / 2) * 2 * TILE + (kk % 2)..];
-                for (nn, &x) in src.iter().enumerate() {
-                    dst[nn * 2] = bf16_bits(x);
-                }
-            }
-        } else {
-            for nn in 0..cols_here {
-                let base = (j * TILE + nn) * b.row_stride + k0 * b.col_stride;
-                for kk in 0..kn {
-                    let x = b.data[base + kk * b.col_stride];
-                    tile[(kk / 2) * 2 * TILE + nn * 2 + (kk % 2)] = bf16_bits(x);
-                }
-            }
+fn store_transposed(w: &[[u32; TILE]; TILE], tile: &mut [u32]) {
+    let tile = &mut tile[..TILE_WORDS];
+    for (y, row) in tile.chunks_exact_mut(TILE).enumerate() {
+        for (x, d) in row.iter_mut().enumerate() {
+            *d = w[x][y];
         }
     }
 }
 
-/// [`pack_b_tiles`] compiled for AVX-512.
+/// [`pack_tiles`] compiled for AVX-512 (every CPU with AMX has it).
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma")]
-unsafe fn pack_b_tiles_avx512(b: MatRef<'_>, kc: usize, j: usize, tiles: &mut [u16]) {
-    pack_b_tiles(b, kc, j, tiles)
+unsafe fn pack_tiles_avx512(x: MatRef<'_>, kc: usize, i: usize, tiles: &mut [u32], a_layout: bool) {
+    pack_tiles(x, kc, i, tiles, a_layout)
 }
 
 /// Whether the packing loops may use AVX-512 (the same instructions' results: the packing
