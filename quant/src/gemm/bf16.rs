@@ -275,17 +275,18 @@ fn pack_a(a: MatRef<'_>, kc: usize, row_tiles: usize, buf: &mut Vec<u32>) {
         buf.resize(len, 0);
     }
     let wide = wide_packing();
+    let group = group_size(len / (kc * TILE_WORDS));
     buf[..len]
-        .par_chunks_mut(kc * TILE_WORDS)
+        .par_chunks_mut(group * kc * TILE_WORDS)
         .enumerate()
-        .for_each(|(i, tiles)| {
+        .for_each(|(g, tiles)| {
             #[cfg(target_arch = "x86_64")]
             if wide {
                 // SAFETY: `wide` says the CPU has AVX-512F/BW/VL.
-                unsafe { pack_tiles_avx512(a, kc, i, tiles, true) };
+                unsafe { pack_tiles_avx512(a, kc, g * group, tiles, true) };
                 return;
             }
-            pack_tiles(a, kc, i, tiles, true);
+            pack_tiles(a, kc, g * group, tiles, true);
         });
 }
 
@@ -299,87 +300,122 @@ fn pack_b(b: MatRef<'_>, kc: usize, col_tiles: usize, buf: &mut Vec<u32>) {
         buf.resize(len, 0);
     }
     let wide = wide_packing();
+    let group = group_size(len / (kc * TILE_WORDS));
     buf[..len]
-        .par_chunks_mut(kc * TILE_WORDS)
+        .par_chunks_mut(group * kc * TILE_WORDS)
         .enumerate()
-        .for_each(|(j, tiles)| {
+        .for_each(|(g, tiles)| {
             #[cfg(target_arch = "x86_64")]
             if wide {
                 // SAFETY: `wide` says the CPU has AVX-512F/BW/VL.
-                unsafe { pack_tiles_avx512(b, kc, j, tiles, false) };
+                unsafe { pack_tiles_avx512(b, kc, g * group, tiles, false) };
                 return;
             }
-            pack_tiles(b, kc, j, tiles, false);
+            pack_tiles(b, kc, g * group, tiles, false);
         });
 }
 
-/// Packs the `kc` tiles of 16-row block `i` of `x: [rows, K]`: as A tiles (`words[r][p]`,
-/// see [`pack_a`]) when `a_layout`, as B tiles (`words[p][r]`, see [`pack_b`]) otherwise.
-/// The two layouts are transposes of each other in words, so both are made from one 16 x 16
-/// block of pairs `w[r][p]`, gathered along whichever axis of the view is contiguous.
+/// 16-row blocks per packing task: about two tasks per thread, so that a transposed view's
+/// lines (one per K step) are read in runs of `16 · group` contiguous elements. Packing only
+/// moves values, so the bits do not depend on it.
+fn group_size(blocks: usize) -> usize {
+    blocks.div_ceil(2 * rayon::current_num_threads()).max(1)
+}
+
+/// Packs the tiles of the 16-row blocks `i0 ..` of `x: [rows, K]` that `tiles` holds (`kc`
+/// tiles per block): as A tiles (`words[r][p]`, see [`pack_a`]) when `a_layout`, as B tiles
+/// (`words[p][r]`, see [`pack_b`]) otherwise.
 #[inline(always)]
-fn pack_tiles(x: MatRef<'_>, kc: usize, i: usize, tiles: &mut [u32], a_layout: bool) {
-    let k = x.cols;
+fn pack_tiles(x: MatRef<'_>, kc: usize, i0: usize, tiles: &mut [u32], a_layout: bool) {
+    let blocks = tiles.len() / (kc * TILE_WORDS);
+    let mut w = [[0u32; TILE]; TILE];
+    // K outermost for a transposed view (each K step's line is then read across the group's
+    // blocks in one run); block by block otherwise.
+    if x.col_stride != 1 && x.row_stride == 1 {
+        for t in 0..kc {
+            for b in 0..blocks {
+                let tile = &mut tiles[(b * kc + t) * TILE_WORDS..][..TILE_WORDS];
+                pack_tile(x, i0 + b, t, tile, a_layout, &mut w);
+            }
+        }
+    } else {
+        for b in 0..blocks {
+            for t in 0..kc {
+                let tile = &mut tiles[(b * kc + t) * TILE_WORDS..][..TILE_WORDS];
+                pack_tile(x, i0 + b, t, tile, a_layout, &mut w);
+            }
+        }
+    }
+}
+
+/// Packs tile `(i, t)` of `x` (rows `16i ..`, K `32t ..`; zero-padded). The two layouts are
+/// transposes of each other in words, so both are made from one 16 x 16 block of pairs
+/// `w[r][p]`, gathered along whichever axis of the view is contiguous.
+#[inline(always)]
+fn pack_tile(
+    x: MatRef<'_>,
+    i: usize,
+    t: usize,
+    tile: &mut [u32],
+    a_layout: bool,
+    w: &mut [[u32; TILE]; TILE],
+) {
     let rows_here = x.rows.saturating_sub(i * TILE).min(TILE);
     if rows_here == 0 {
-        tiles.fill(0); // a padding tile
+        tile.fill(0); // a padding tile
         return;
     }
-    let mut w = [[0u32; TILE]; TILE];
-    for t in 0..kc {
-        let tile = &mut tiles[t * TILE_WORDS..][..TILE_WORDS];
-        let (k0, kn) = (t * CHUNK, (k - t * CHUNK).min(CHUNK));
-        // `by_rows`: w[r][p] for each row r (K contiguous in memory);
-        // otherwise w[p][r] for each pair p (rows contiguous): the transposed block.
-        let by_rows = x.col_stride == 1 || x.row_stride != 1;
-        if by_rows {
-            for (r, wr) in w.iter_mut().enumerate() {
-                wr.fill(0);
-                if r >= rows_here {
-                    continue;
-                }
-                let base = (i * TILE + r) * x.row_stride + k0 * x.col_stride;
-                if x.col_stride == 1 {
-                    let src = &x.data[base..][..kn];
-                    let (pairs, rest) = src.split_at(kn & !1);
-                    for (d, v) in wr.iter_mut().zip(pairs.chunks_exact(2)) {
-                        *d = pair(bf16_bits(v[0]), bf16_bits(v[1]));
-                    }
-                    if let Some(&v) = rest.first() {
-                        wr[kn / 2] = pair(bf16_bits(v), 0);
-                    }
-                } else {
-                    for kk in 0..kn {
-                        let h = bf16_bits(x.data[base + kk * x.col_stride]);
-                        let d = &mut wr[kk / 2];
-                        *d = if kk % 2 == 0 {
-                            pair(h, 0)
-                        } else {
-                            *d | pair(0, h)
-                        };
-                    }
-                }
+    let (k0, kn) = (t * CHUNK, (x.cols - t * CHUNK).min(CHUNK));
+    // `by_rows`: w[r][p] for each row r (K contiguous in memory);
+    // otherwise w[p][r] for each pair p (rows contiguous): the transposed block.
+    let by_rows = x.col_stride == 1 || x.row_stride != 1;
+    if by_rows {
+        for (r, wr) in w.iter_mut().enumerate() {
+            wr.fill(0);
+            if r >= rows_here {
+                continue;
             }
-        } else {
-            for (p, wp) in w.iter_mut().enumerate() {
-                wp.fill(0);
-                let line = |kk: usize| &x.data[(k0 + kk) * x.col_stride + i * TILE..][..rows_here];
-                if 2 * p + 1 < kn {
-                    for ((d, &lo), &hi) in wp.iter_mut().zip(line(2 * p)).zip(line(2 * p + 1)) {
-                        *d = pair(bf16_bits(lo), bf16_bits(hi));
-                    }
-                } else if 2 * p < kn {
-                    for (d, &lo) in wp.iter_mut().zip(line(2 * p)) {
-                        *d = pair(bf16_bits(lo), 0);
-                    }
+            let base = (i * TILE + r) * x.row_stride + k0 * x.col_stride;
+            if x.col_stride == 1 {
+                let src = &x.data[base..][..kn];
+                let (pairs, rest) = src.split_at(kn & !1);
+                for (d, v) in wr.iter_mut().zip(pairs.chunks_exact(2)) {
+                    *d = pair(bf16_bits(v[0]), bf16_bits(v[1]));
+                }
+                if let Some(&v) = rest.first() {
+                    wr[kn / 2] = pair(bf16_bits(v), 0);
+                }
+            } else {
+                for kk in 0..kn {
+                    let h = bf16_bits(x.data[base + kk * x.col_stride]);
+                    let d = &mut wr[kk / 2];
+                    *d = if kk % 2 == 0 {
+                        pair(h, 0)
+                    } else {
+                        *d | pair(0, h)
+                    };
                 }
             }
         }
-        if by_rows == a_layout {
-            tile.copy_from_slice(bytemuck::cast_slice(&w));
-        } else {
-            store_transposed(&w, tile);
+    } else {
+        for (p, wp) in w.iter_mut().enumerate() {
+            wp.fill(0);
+            let line = |kk: usize| &x.data[(k0 + kk) * x.col_stride + i * TILE..][..rows_here];
+            if 2 * p + 1 < kn {
+                for ((d, &lo), &hi) in wp.iter_mut().zip(line(2 * p)).zip(line(2 * p + 1)) {
+                    *d = pair(bf16_bits(lo), bf16_bits(hi));
+                }
+            } else if 2 * p < kn {
+                for (d, &lo) in wp.iter_mut().zip(line(2 * p)) {
+                    *d = pair(bf16_bits(lo), 0);
+                }
+            }
         }
+    }
+    if by_rows == a_layout {
+        tile.copy_from_slice(bytemuck::cast_slice(&w[..]));
+    } else {
+        store_transposed(w, tile);
     }
 }
 
@@ -397,8 +433,14 @@ fn store_transposed(w: &[[u32; TILE]; TILE], tile: &mut [u32]) {
 /// [`pack_tiles`] compiled for AVX-512 (every CPU with AMX has it).
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma")]
-unsafe fn pack_tiles_avx512(x: MatRef<'_>, kc: usize, i: usize, tiles: &mut [u32], a_layout: bool) {
-    pack_tiles(x, kc, i, tiles, a_layout)
+unsafe fn pack_tiles_avx512(
+    x: MatRef<'_>,
+    kc: usize,
+    i0: usize,
+    tiles: &mut [u32],
+    a_layout: bool,
+) {
+    pack_tiles(x, kc, i0, tiles, a_layout)
 }
 
 /// Whether the packing loops may use AVX-512 (the same instructions' results: the packing
