@@ -13,7 +13,7 @@ use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Through
 use fp_formats::mx::{MxElement, ScaleRule};
 use quant::gemm::matmul_tn;
 use quant::qgemm::{quantized_matmul_tn, Operand};
-use quant::{fp8, mx, BlockShape, Fp8Element, OperandQuant, QuantState, RngKey, Usage};
+use quant::{BlockShape, Fp8Element, MatRef, OperandQuant, QuantState, Quantizer, Usage};
 use rayon::prelude::*;
 
 fn data(n: usize) -> Vec<f32> {
@@ -59,7 +59,12 @@ fn quantizers(c: &mut Criterion) {
                 p.install(|| {
                     b.iter(|| {
                         black_box(
-                            mx::quantize(&x, rows, cols, Usage::Rowwise, &mxq, RngKey::default())
+                            Quantizer::new(mxq, Usage::Rowwise)
+                                .unwrap()
+                                .quantize(
+                                    MatRef::new(&x, rows, cols).unwrap(),
+                                    &mut QuantState::new(),
+                                )
                                 .unwrap(),
                         )
                     })
@@ -70,16 +75,10 @@ fn quantizers(c: &mut Criterion) {
                     b.iter(|| {
                         let mut st = QuantState::new();
                         black_box(
-                            fp8::quantize(
-                                &x,
-                                rows,
-                                cols,
-                                Usage::Rowwise,
-                                &fp8q,
-                                RngKey::default(),
-                                &mut st,
-                            )
-                            .unwrap(),
+                            Quantizer::new(fp8q, Usage::Rowwise)
+                                .unwrap()
+                                .quantize(MatRef::new(&x, rows, cols).unwrap(), &mut st)
+                                .unwrap(),
                         )
                     })
                 })
@@ -103,11 +102,17 @@ fn nvfp4_gemm(c: &mut Criterion) {
         .measurement_time(Duration::from_secs(3));
     g.throughput(Throughput::Elements((2 * m * n * k) as u64));
     g.bench_function("f32_sgemm", |b| b.iter(&mut plain));
+    let (xm, wm) = (
+        MatRef::new(&x, m, k).unwrap(),
+        MatRef::new(&w, n, k).unwrap(),
+    );
+    let xqz = Quantizer::new(xq, Usage::Rowwise).unwrap();
+    let wqz = Quantizer::new(wq, Usage::Rowwise).unwrap();
     let mut out2 = vec![0.0f32; m * n];
     let mut emulated = || {
         quantized_matmul_tn(
-            Operand::new(&x, m, k, Usage::Rowwise, &xq),
-            Operand::new(&w, n, k, Usage::Rowwise, &wq),
+            Operand::new(xm, xqz),
+            Operand::new(wm, wqz),
             black_box(&mut out2),
         )
         .unwrap()
@@ -131,8 +136,8 @@ fn nvfp4_gemm(c: &mut Criterion) {
     let tp = median(&mut || matmul_tn(&x, &w, m, n, k, black_box(&mut out3)));
     let te = median(&mut || {
         quantized_matmul_tn(
-            Operand::new(&x, m, k, Usage::Rowwise, &xq),
-            Operand::new(&w, n, k, Usage::Rowwise, &wq),
+            Operand::new(xm, xqz),
+            Operand::new(wm, wqz),
             black_box(&mut out3),
         )
         .unwrap()
@@ -140,17 +145,7 @@ fn nvfp4_gemm(c: &mut Criterion) {
     let mut fq = vec![0.0f32; m * k];
     let tq = median(&mut || {
         let mut st = QuantState::new();
-        quant::fake::fake_quantize_into(
-            &x,
-            m,
-            k,
-            Usage::Rowwise,
-            &xq,
-            RngKey::default(),
-            &mut st,
-            &mut fq,
-        )
-        .unwrap();
+        xqz.fake_quantize_into(xm, &mut st, &mut fq).unwrap();
     });
     eprintln!(
         "NVFP4 emulated GEMM {m}x{n}x{k}: f32 {:.1} ms, emulated {:.1} ms, overhead ratio {:.3} \

@@ -8,7 +8,9 @@
 //! Run: `cargo bench -p quant --bench nvfp4`
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
-use quant::{nvfp4, BlockShape, OperandQuant, Rht, RngKey, RoundingMode, Usage};
+use quant::{
+    BlockShape, MatRef, OperandQuant, QuantState, Quantizer, Rht, RngKey, RoundingMode, Usage,
+};
 use std::hint::black_box;
 use std::time::Duration;
 
@@ -65,7 +67,9 @@ fn bench(c: &mut Criterion) {
             for (name, usage, q) in cases {
                 group.bench_function(BenchmarkId::new(name, format!("{threads}t")), |b| {
                     b.iter(|| {
-                        pool.install(|| nvfp4::quantize(black_box(&x), rows, cols, usage, &q, key))
+                        let q = Quantizer::new(q, usage).unwrap().with_key(key);
+                        let x = MatRef::new(black_box(&x), rows, cols).unwrap();
+                        pool.install(|| q.quantize(x, &mut QuantState::new()))
                             .unwrap()
                     })
                 });
@@ -74,18 +78,12 @@ fn bench(c: &mut Criterion) {
                 BenchmarkId::new("fake_col_rht_sr", format!("{threads}t")),
                 |b| {
                     b.iter(|| {
-                        pool.install(|| {
-                            nvfp4::fake_quantize_into(
-                                black_box(&x),
-                                rows,
-                                cols,
-                                Usage::Columnwise,
-                                &grad,
-                                key,
-                                &mut dst,
-                            )
-                        })
-                        .unwrap()
+                        let q = Quantizer::new(grad, Usage::Columnwise)
+                            .unwrap()
+                            .with_key(key);
+                        let x = MatRef::new(black_box(&x), rows, cols).unwrap();
+                        pool.install(|| q.fake_quantize_into(x, &mut QuantState::new(), &mut dst))
+                            .unwrap()
                     })
                 },
             );

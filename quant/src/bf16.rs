@@ -6,11 +6,13 @@
 //! above the largest BF16 becomes ±Inf (counted as clipped); NaN stays NaN.
 //!
 //! ```
-//! use quant::{bf16, OperandQuant, RngKey, Usage};
+//! use quant::{MatRef, OperandQuant, QuantState, Quantizer, Usage};
 //! let x = [1.0f32 + f32::EPSILON, 3.0];
-//! let t = bf16::quantize(&x, 1, 2, Usage::Rowwise, &OperandQuant::BF16, RngKey::default()).unwrap();
+//! let q = Quantizer::new(OperandQuant::BF16, Usage::Rowwise)?;
+//! let t = q.quantize(MatRef::new(&x, 1, 2)?, &mut QuantState::new())?;
 //! assert_eq!(t.codes, vec![0x80, 0x3F, 0x40, 0x40]);
-//! assert_eq!(bf16::dequantize(&t), vec![1.0, 3.0]);
+//! assert_eq!(t.dequantize(), vec![1.0, 3.0]);
+//! # Ok::<(), quant::QuantError>(())
 //! ```
 
 use fp_formats::{bf16_from_f32, round_to_bf16, Overflow, Rounding};
@@ -200,11 +202,13 @@ pub(crate) fn dequantize(t: &QuantizedTensor) -> Vec<f32> {
 /// `x.len() != rows * cols`.
 ///
 /// ```
-/// use quant::{bf16, OperandQuant, RngKey, Usage};
+/// use quant::{MatRef, OperandQuant, QuantState, Quantizer, Usage};
 /// let x = [1.0f32, 2.0, 3.0, 4.0, 5.0, 6.0];
-/// let t = bf16::quantize_f32(&x, 2, 3, Usage::Columnwise, &OperandQuant::F32).unwrap();
+/// let q = Quantizer::new(OperandQuant::F32, Usage::Columnwise)?;
+/// let t = q.quantize(MatRef::new(&x, 2, 3)?, &mut QuantState::new())?;
 /// assert_eq!((t.rows, t.cols), (3, 2));
-/// assert_eq!(bf16::dequantize_f32(&t), vec![1.0, 4.0, 2.0, 5.0, 3.0, 6.0]);
+/// assert_eq!(t.dequantize(), vec![1.0, 4.0, 2.0, 5.0, 3.0, 6.0]);
+/// # Ok::<(), quant::QuantError>(())
 /// ```
 pub(crate) fn quantize_f32(
     x: &[f32],

@@ -31,14 +31,14 @@
 //! takes the amax on the way).
 //!
 //! ```
-//! use quant::{fp8, Fp8Element, OperandQuant, QuantState, RngKey, Usage};
+//! use quant::{Fp8Element, MatRef, OperandQuant, QuantState, Quantizer, Usage};
 //! let x = [1.0f32, -2.0, 0.5, 7.0];
-//! let q = OperandQuant::fp8_current(Fp8Element::E4M3);
-//! let t = fp8::quantize(&x, 2, 2, Usage::Rowwise, &q, RngKey::default(),
-//!                       &mut QuantState::new()).unwrap();
+//! let q = Quantizer::new(OperandQuant::fp8_current(Fp8Element::E4M3), Usage::Rowwise)?;
+//! let t = q.quantize(MatRef::new(&x, 2, 2)?, &mut QuantState::new())?;
 //! assert_eq!(t.tensor_scale_inv, 1.0 / 64.0);      // scale = 448 / 7
 //! assert_eq!(t.codes, vec![0x68, 0xF0, 0x60, 0x7E]); // 64, -128, 32, 448
-//! assert_eq!(fp8::dequantize(&t), x.to_vec());
+//! assert_eq!(t.dequantize(), x.to_vec());
+//! # Ok::<(), quant::QuantError>(())
 //! ```
 
 use fp_formats::{ElementFormat, E4M3, E5M2};
@@ -272,8 +272,8 @@ impl QuantState {
     /// nothing for every other format, so a trainer can call it on all its states.
     ///
     /// ```
-    /// use quant::{AmaxAlgo, Fp8Element, Fp8Scaling, OperandQuant, QuantFormat, QuantState,
-    ///             RngKey, Usage};
+    /// use quant::{AmaxAlgo, Fp8Element, Fp8Scaling, MatRef, OperandQuant, QuantFormat,
+    ///             QuantState, Quantizer, Usage};
     /// let q = OperandQuant {
     ///     format: QuantFormat::Fp8 {
     ///         element: Fp8Element::E4M3,
@@ -283,10 +283,11 @@ impl QuantState {
     /// };
     /// let mut s = QuantState::new();
     /// let x = [7.0f32, -1.0];
-    /// let t = quant::fp8::quantize(&x, 1, 2, Usage::Rowwise, &q, RngKey::default(), &mut s).unwrap();
+    /// let t = Quantizer::new(q, Usage::Rowwise)?.quantize(MatRef::new(&x, 1, 2)?, &mut s)?;
     /// assert_eq!(t.tensor_scale_inv, 1.0); // first step: initial scale 1
-    /// s.end_step(&q).unwrap();
+    /// s.end_step(&q)?;
     /// assert_eq!(s.scale(), 64.0); // the next step casts with 448 / 7
+    /// # Ok::<(), quant::QuantError>(())
     /// ```
     pub fn end_step(&mut self, q: &OperandQuant) -> Result<(), QuantError> {
         if let QuantFormat::Fp8 {

@@ -63,12 +63,13 @@
 //!
 //! ```
 //! use fp_formats::mx::{MxElement, ScaleRule};
-//! use quant::{mx, OperandQuant, RngKey, Usage};
+//! use quant::{MatRef, OperandQuant, QuantState, Quantizer, Usage};
 //! let x: Vec<f32> = (0..64).map(|i| ((i % 31) as f32 - 15.0) * 0.5).collect(); // 2 x 32
-//! let q = OperandQuant::mx(MxElement::E4M3, ScaleRule::Rceil);
-//! let t = mx::quantize(&x, 2, 32, Usage::Rowwise, &q, RngKey::default()).unwrap();
+//! let q = Quantizer::new(OperandQuant::mx(MxElement::E4M3, ScaleRule::Rceil), Usage::Rowwise)?;
+//! let t = q.quantize(MatRef::new(&x, 2, 32)?, &mut QuantState::new())?;
 //! assert_eq!(t.scales, vec![127 - 5, 127 - 5]); // amax 7.5: 2^ceil(log2(7.5 / 448))
-//! assert_eq!(mx::dequantize(&t), x);           // k/2, |k| <= 15, is exact in MXFP8
+//! assert_eq!(t.dequantize(), x);               // k/2, |k| <= 15, is exact in MXFP8
+//! # Ok::<(), quant::QuantError>(())
 //! ```
 
 use fp_formats::mx::{MxElement, ScaleRule, BLOCK};

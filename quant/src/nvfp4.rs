@@ -78,23 +78,24 @@
 //! take the tile core.
 //!
 //! ```
-//! use quant::{nvfp4, OperandQuant, RngKey, Usage};
+//! use quant::{MatRef, OperandQuant, QuantState, Quantizer, Usage};
 //! let mut x = vec![0.0f32; 32];
 //! x[..16].copy_from_slice(&[0.0, 0.1, -0.2, 0.3, 0.45, -0.6, 0.75, 0.9,
 //!                           1.05, -1.2, 1.35, 1.5, -1.65, 1.8, 1.95, 2.1]);
 //! x[16] = 10.0;
 //! x[17] = -10.0;
 //! x[18..].fill(0.5);
-//! let q = OperandQuant::nvfp4();
-//! let t = nvfp4::quantize(&x, 1, 32, Usage::Rowwise, &q, RngKey::default()).unwrap();
+//! let q = Quantizer::new(OperandQuant::nvfp4(), Usage::Rowwise)?;
+//! let (x, st) = (MatRef::new(&x, 1, 32)?, &mut QuantState::new());
+//! let t = q.quantize(x, st)?;
 //! assert_eq!(t.scales, [0x6C, 0x7E]);
 //! assert_eq!(t.codes[..8], [0x10, 0x29, 0xB3, 0x54, 0xD5, 0x66, 0x7E, 0x77]);
 //! let mut fake = vec![0.0f32; 32];
-//! let s_dec = nvfp4::fake_quantize_into(&x, 1, 32, Usage::Rowwise, &q, RngKey::default(),
-//!                                       &mut fake).unwrap();
+//! let s_dec = q.fake_quantize_into(x, st, &mut fake)?;
 //! assert_eq!(s_dec, t.tensor_scale_inv);
 //! assert_eq!(fake[16], 6.0 * 448.0); // e2m1 · s_b, without S_dec
-//! assert!((nvfp4::dequantize(&t)[16] - 10.0).abs() < 1e-5);
+//! assert!((t.dequantize()[16] - 10.0).abs() < 1e-5);
+//! # Ok::<(), quant::QuantError>(())
 //! ```
 
 // Index loops over fixed-size arrays are the idiom the vectoriser handles best here.
@@ -790,19 +791,6 @@ fn global_amax(x: &[f32], plan: &Plan) -> Result<f32, QuantError> {
 /// [`QuantError::InvalidConfig`] for a non-NVFP4 format, 1x32 blocks, RHT with rowwise
 /// usage or with a row count that is not a multiple of 16, Four Over Six with RHT or SR;
 /// [`QuantError::Format`] for a shape mismatch or non-finite input.
-///
-/// ```
-/// use quant::{nvfp4, BlockShape, OperandQuant, RngKey, Usage};
-/// let x: Vec<f32> = (0..20 * 24).map(|i| (i as f32 * 0.37).sin()).collect();
-/// let w = OperandQuant::nvfp4().with_block(BlockShape::Tile16);
-/// let row = nvfp4::quantize(&x, 20, 24, Usage::Rowwise, &w, RngKey::default()).unwrap();
-/// let col = nvfp4::quantize(&x, 20, 24, Usage::Columnwise, &w, RngKey::default()).unwrap();
-/// assert_eq!((row.padded_rows, row.padded_cols), (32, 32));
-/// assert_eq!((col.rows, col.cols), (24, 20));
-/// // 16x16 tiles: the columnwise copy is the exact transpose of the rowwise one.
-/// let (r, c) = (nvfp4::dequantize(&row), nvfp4::dequantize(&col));
-/// assert!((0..20).all(|i| (0..24).all(|j| r[i * 24 + j] == c[j * 20 + i])));
-/// ```
 pub(crate) fn quantize(
     x: &[f32],
     rows: usize,
@@ -873,19 +861,6 @@ fn quantize_impl(
 /// # Errors
 /// As [`quantize`], plus a [`fp_formats::FormatError::ShapeMismatch`] when `out.len() !=
 /// rows * cols`.
-///
-/// ```
-/// use quant::{nvfp4, OperandQuant, Rht, RngKey, Usage};
-/// let x: Vec<f32> = (0..32 * 16).map(|i| ((i * 7 % 13) as f32 - 6.0) * 0.5).collect();
-/// let q = OperandQuant::nvfp4().with_rht(Rht::FixedSigns);
-/// let mut out = vec![0.0f32; 32 * 16];
-/// let s_dec = nvfp4::fake_quantize_into(&x, 32, 16, Usage::Columnwise, &q,
-///                                       RngKey::default(), &mut out).unwrap();
-/// let t = nvfp4::quantize(&x, 32, 16, Usage::Columnwise, &q, RngKey::default()).unwrap();
-/// assert_eq!(s_dec, t.tensor_scale_inv);
-/// let full = nvfp4::dequantize(&t);
-/// assert!(out.iter().zip(&full).all(|(u, f)| u * s_dec == *f));
-/// ```
 pub(crate) fn fake_quantize_into(
     x: &[f32],
     rows: usize,
@@ -1031,15 +1006,6 @@ fn dequantize_with(t: &QuantizedTensor, s_dec: f32, out: &mut [f32]) {
 ///
 /// # Panics
 /// If `t` is not a consistent NVFP4 tensor.
-///
-/// ```
-/// use quant::{nvfp4, OperandQuant, RngKey, Usage};
-/// // amax 10.5: S_enc = 256; every value below is exactly representable.
-/// let x = vec![10.5f32, -5.25, 1.75, -2.625];
-/// let t = nvfp4::quantize(&x, 2, 2, Usage::Columnwise, &OperandQuant::nvfp4(),
-///                         RngKey::default()).unwrap();
-/// assert_eq!(nvfp4::dequantize(&t), [10.5, 1.75, -5.25, -2.625]); // transposed
-/// ```
 pub(crate) fn dequantize(t: &QuantizedTensor) -> Vec<f32> {
     if let Err(e) = check_tensor(t) {
         panic!("nvfp4::dequantize: {e}");
@@ -1058,14 +1024,15 @@ pub(crate) fn dequantize(t: &QuantizedTensor) -> Vec<f32> {
 /// inconsistent, [`QuantError::Format`] if a buffer has the wrong length.
 ///
 /// ```
-/// use quant::{nvfp4, OperandQuant, RngKey, Usage};
+/// use quant::{nvfp4, MatRef, OperandQuant, QuantState, Quantizer, Usage};
 /// let x = vec![6.0f32, 1.0];
-/// let t = nvfp4::quantize(&x, 1, 2, Usage::Rowwise, &OperandQuant::nvfp4(),
-///                         RngKey::default()).unwrap();
+/// let q = Quantizer::new(OperandQuant::nvfp4(), Usage::Rowwise)?;
+/// let t = q.quantize(MatRef::new(&x, 1, 2)?, &mut QuantState::new())?;
 /// let mut out = [0.0f32; 2];
-/// let s_dec = nvfp4::dequantize_unscaled_into(&t, &mut out).unwrap();
+/// let s_dec = nvfp4::dequantize_unscaled_into(&t, &mut out)?;
 /// assert_eq!(out, [6.0 * 448.0, 448.0]);
 /// assert_eq!(s_dec, t.tensor_scale_inv);
+/// # Ok::<(), quant::QuantError>(())
 /// ```
 pub fn dequantize_unscaled_into(t: &QuantizedTensor, out: &mut [f32]) -> Result<f32, QuantError> {
     check_tensor(t)?;
@@ -1085,6 +1052,7 @@ pub fn dequantize_unscaled_into(t: &QuantizedTensor, out: &mut [f32]) -> Result<
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::config::Rht;
     use fp_formats::{Overflow, Rounding};
 
     /// Magnitude bit patterns in [0, 6] where an SR decision can change: every 40009th f32,

@@ -1,10 +1,13 @@
 //! The top-level dispatch: configuration validation, `quantize(..).dequantize() ==
 //! fake_quantize(..)` for every format, and the error statistics.
 
+mod common;
+use common::*;
+
 use fp_formats::mx::{MxElement, ScaleRule};
 use quant::{
-    fake, stats, BlockError, BlockShape, FourOverSix, Fp8Element, OperandQuant, QuantError,
-    QuantFormat, QuantState, Rht, RngKey, RoundingMode, Usage,
+    BlockError, BlockShape, FourOverSix, Fp8Element, OperandQuant, QuantError, QuantFormat,
+    QuantState, Rht, RngKey, RoundingMode, Usage,
 };
 
 fn data(n: usize) -> Vec<f32> {
@@ -78,7 +81,7 @@ fn dequantize_equals_fake_quantize_for_every_format() {
     };
     for (q, usage) in all_configs() {
         let mut st = QuantState::new();
-        let t = fake::quantize(&x, rows, cols, usage, &q, key, &mut st).unwrap();
+        let t = quantize_with(&x, rows, cols, usage, &q, key, &mut st).unwrap();
         let (sr, sc) = if usage == Usage::Rowwise {
             (rows, cols)
         } else {
@@ -86,14 +89,17 @@ fn dequantize_equals_fake_quantize_for_every_format() {
         };
         assert_eq!((t.rows, t.cols, t.usage), (sr, sc, usage));
         let d = t.dequantize();
-        let y = fake::fake_quantize(&x, rows, cols, usage, &q, key, &mut st).unwrap();
+        let y = fake_quantize_with(&x, rows, cols, usage, &q, key, &mut st).unwrap();
         assert_eq!(d.len(), x.len());
         assert!(
             d.iter().zip(&y).all(|(a, b)| a.to_bits() == b.to_bits()),
             "{q:?}"
         );
         let mut u = vec![0.0f32; x.len()];
-        let f = fake::fake_quantize_into(&x, rows, cols, usage, &q, key, &mut st, &mut u).unwrap();
+        let qz = quantizer(&q, usage, key).unwrap();
+        let f = qz
+            .fake_quantize_into(quant::MatRef::new(&x, rows, cols).unwrap(), &mut st, &mut u)
+            .unwrap();
         assert_eq!(f, t.tensor_scale_inv, "{q:?}");
         let scaled: Vec<f32> = u
             .iter()
@@ -106,7 +112,7 @@ fn dequantize_equals_fake_quantize_for_every_format() {
                 .all(|(a, b)| a.to_bits() == b.to_bits()),
             "{q:?}"
         );
-        let e = stats::operand_error(&x, rows, cols, usage, &q, key, &mut st).unwrap();
+        let e = operand_error(&x, rows, cols, usage, &q, key, &mut st).unwrap();
         assert_eq!(e.count, x.len());
         assert!(e.sqnr_db > 12.0, "{q:?}: {e:?}");
     }
@@ -114,9 +120,8 @@ fn dequantize_equals_fake_quantize_for_every_format() {
 
 #[test]
 fn validation_rules() {
-    let invalid = |q: OperandQuant, u: Usage| {
-        matches!(fake::validate(&q, u), Err(QuantError::InvalidConfig(_)))
-    };
+    let invalid =
+        |q: OperandQuant, u: Usage| matches!(validate(&q, u), Err(QuantError::InvalidConfig(_)));
     let fos = Some(FourOverSix {
         error: BlockError::Mae,
         e4m3_bound_256: false,
@@ -147,7 +152,7 @@ fn validation_rules() {
         OperandQuant::fp8_current(Fp8Element::E4M3).with_rht(Rht::FixedSigns),
         Usage::Columnwise
     ));
-    assert!(fake::validate(
+    assert!(validate(
         &OperandQuant::nvfp4()
             .with_block(BlockShape::Tile16)
             .with_rht(Rht::FixedSigns),
@@ -160,7 +165,7 @@ fn validation_rules() {
         nv_fos.with_rounding(RoundingMode::Stochastic),
         Usage::Rowwise
     ));
-    assert!(fake::validate(&nv_fos, Usage::Columnwise).is_ok());
+    assert!(validate(&nv_fos, Usage::Columnwise).is_ok());
     // sr_prescale needs SR; F32 has no SR.
     let pre = OperandQuant {
         format: QuantFormat::Mx {
@@ -171,17 +176,17 @@ fn validation_rules() {
         ..mx
     };
     assert!(invalid(pre, Usage::Rowwise));
-    assert!(fake::validate(&pre.with_rounding(RoundingMode::Stochastic), Usage::Rowwise).is_ok());
+    assert!(validate(&pre.with_rounding(RoundingMode::Stochastic), Usage::Rowwise).is_ok());
     assert!(invalid(
         OperandQuant::F32.with_rounding(RoundingMode::Stochastic),
         Usage::Rowwise
     ));
     // Every valid configuration used above passes, and the dispatch reports the same errors.
     for (q, u) in all_configs() {
-        assert!(fake::validate(&q, u).is_ok(), "{q:?}");
+        assert!(validate(&q, u).is_ok(), "{q:?}");
     }
     let x = data(32);
-    let r = fake::quantize(
+    let r = quantize_with(
         &x,
         1,
         32,
@@ -201,7 +206,7 @@ fn stats_clipping_and_flushing() {
     let mut x = vec![0.0f32; 32];
     x[0] = 546.0;
     x[16] = 2688.0;
-    let e = stats::operand_error(
+    let e = operand_error(
         &x,
         1,
         32,
@@ -219,7 +224,7 @@ fn stats_clipping_and_flushing() {
     let mut x = vec![0.0f32; 32];
     x[0] = 6.0;
     x[1] = 0.01;
-    let e = stats::operand_error(
+    let e = operand_error(
         &x,
         1,
         32,
@@ -241,7 +246,7 @@ fn stats_clipping_and_flushing() {
             }
         })
         .collect();
-    let floor = stats::operand_error(
+    let floor = operand_error(
         &x,
         64,
         32,
@@ -251,7 +256,7 @@ fn stats_clipping_and_flushing() {
         &mut QuantState::new(),
     )
     .unwrap();
-    let rceil = stats::operand_error(
+    let rceil = operand_error(
         &x,
         64,
         32,
@@ -265,7 +270,7 @@ fn stats_clipping_and_flushing() {
     assert_eq!(rceil.clipped_fraction, 0.0);
     assert!(floor.relative_bias < 0.0);
     // Exact formats.
-    let e = stats::operand_error(
+    let e = operand_error(
         &x,
         64,
         32,

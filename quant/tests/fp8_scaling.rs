@@ -2,12 +2,15 @@
 //! ml_dtypes transcription of Transformer Engine (tests/data/fp8_golden.bin), the delayed
 //! scaling examples of docs/numerics.md#delayed-scaling, and layout / rounding / thread-count properties.
 
+mod common;
+use common::*;
+
 use fp_formats::{bf16_from_f32, ElementFormat, Overflow, Rounding, E4M3, E5M2};
 use quant::fp8::{self, compute_scale_from_amax};
 use quant::philox::random_byte;
 use quant::{
-    bf16, fake, AmaxAlgo, Fp8Element, Fp8Scaling, OperandQuant, QuantError, QuantFormat,
-    QuantState, RngKey, RoundingMode, Usage,
+    AmaxAlgo, Fp8Element, Fp8Scaling, OperandQuant, QuantError, QuantFormat, QuantState, RngKey,
+    RoundingMode, Usage,
 };
 
 fn current(element: Fp8Element, power_of_two: bool) -> OperandQuant {
@@ -74,7 +77,7 @@ fn current_scaling_matches_numpy_transcription() {
             scale.to_bits()
         );
         let mut st = QuantState::new();
-        let t = fp8::quantize(
+        let t = quantize_with(
             &tensors[ti],
             32,
             n / 32,
@@ -130,7 +133,7 @@ fn delayed_scaling_spec_checks() {
         let mut st = QuantState::new();
         for amax in [3.5f32, 7.0, 1.0] {
             let x = [amax, -0.5 * amax];
-            fp8::quantize(&x, 1, 2, Usage::Rowwise, &q, RngKey::default(), &mut st).unwrap();
+            quantize_with(&x, 1, 2, Usage::Rowwise, &q, RngKey::default(), &mut st).unwrap();
             st.end_step(&q).unwrap();
         }
         assert_eq!(st.scale(), want, "{element:?} margin {margin} {algo:?}");
@@ -145,7 +148,7 @@ fn delayed_scaling_spec_checks() {
 fn delayed_scaling_keeps_scale_on_zero_nan_inf_amax() {
     let q = delayed(Fp8Element::E4M3, 1, 0, AmaxAlgo::MostRecent);
     let mut st = QuantState::new();
-    fp8::quantize(
+    quantize_with(
         &[2.0, 1.0],
         1,
         2,
@@ -158,7 +161,7 @@ fn delayed_scaling_keeps_scale_on_zero_nan_inf_amax() {
     st.end_step(&q).unwrap();
     assert_eq!(st.scale(), 224.0);
     // Zero amax.
-    fp8::quantize(
+    quantize_with(
         &[0.0, 0.0],
         1,
         2,
@@ -175,7 +178,7 @@ fn delayed_scaling_keeps_scale_on_zero_nan_inf_amax() {
     st.end_step(&q).unwrap();
     assert_eq!(st.scale(), 224.0);
     // Inf amax from an infinite element.
-    fp8::quantize(
+    quantize_with(
         &[f32::INFINITY, 1.0],
         1,
         2,
@@ -193,7 +196,7 @@ fn delayed_scaling_keeps_scale_on_zero_nan_inf_amax() {
     assert_eq!(st.scale(), f32::MAX);
     // Initial scale 1 on a fresh state whatever the amax.
     let mut fresh = QuantState::new();
-    let t = fp8::quantize(
+    let t = quantize_with(
         &[1000.0, 1.0],
         1,
         2,
@@ -217,7 +220,7 @@ fn delayed_scaling_order_and_window() {
     let mut scales_used = vec![];
     let mut scales_after = vec![];
     for amax in [8.0f32, 1.0, 1.0, 16.0] {
-        let t = fp8::quantize(&[amax, 0.25], 1, 2, Usage::Rowwise, &q, key, &mut st).unwrap();
+        let t = quantize_with(&[amax, 0.25], 1, 2, Usage::Rowwise, &q, key, &mut st).unwrap();
         scales_used.push(t.tensor_scale_inv);
         st.end_step(&q).unwrap();
         scales_after.push(st.scale());
@@ -227,13 +230,12 @@ fn delayed_scaling_order_and_window() {
     // Step 4 cast 16 with scale 448: clipped (counted by the stats).
     let mut st2 = QuantState::with_history_len(2);
     st2.set_scale(448.0);
-    let e = quant::stats::operand_error(&[16.0, 0.25], 1, 2, Usage::Rowwise, &q, key, &mut st2)
-        .unwrap();
+    let e = operand_error(&[16.0, 0.25], 1, 2, Usage::Rowwise, &q, key, &mut st2).unwrap();
     assert_eq!(e.clipped_fraction, 0.5);
     // A history length change is a configuration error.
     let q3 = delayed(Fp8Element::E4M3, 3, 0, AmaxAlgo::Max);
     assert!(matches!(
-        fp8::quantize(&[1.0], 1, 1, Usage::Rowwise, &q3, key, &mut st),
+        quantize_with(&[1.0], 1, 1, Usage::Rowwise, &q3, key, &mut st),
         Err(QuantError::InvalidConfig(_))
     ));
 }
@@ -246,8 +248,8 @@ fn columnwise_is_transpose_and_layout() {
     for el in [Fp8Element::E4M3, Fp8Element::E5M2] {
         let q = current(el, false);
         let key = RngKey::default();
-        let r = fp8::quantize(&x, 15, 7, Usage::Rowwise, &q, key, &mut QuantState::new()).unwrap();
-        let c = fp8::quantize(
+        let r = quantize_with(&x, 15, 7, Usage::Rowwise, &q, key, &mut QuantState::new()).unwrap();
+        let c = quantize_with(
             &x,
             15,
             7,
@@ -287,7 +289,7 @@ fn stochastic_rounding_uses_philox_bits_at_the_stored_index() {
     for usage in [Usage::Rowwise, Usage::Columnwise] {
         for el in [Fp8Element::E4M3, Fp8Element::E5M2] {
             let q = current(el, false).with_rounding(RoundingMode::Stochastic);
-            let t = fp8::quantize(&x, 40, 24, usage, &q, key, &mut QuantState::new()).unwrap();
+            let t = quantize_with(&x, 40, 24, usage, &q, key, &mut QuantState::new()).unwrap();
             let scale = 1.0 / t.tensor_scale_inv;
             for r in 0..t.rows {
                 for c in 0..t.cols {
@@ -332,7 +334,7 @@ fn identical_for_any_thread_count() {
             for q in &qs {
                 for usage in [Usage::Rowwise, Usage::Columnwise] {
                     v.push(
-                        fake::quantize(&x, rows, cols, usage, q, key, &mut QuantState::new())
+                        quantize_with(&x, rows, cols, usage, q, key, &mut QuantState::new())
                             .unwrap(),
                     );
                 }
@@ -347,7 +349,7 @@ fn identical_for_any_thread_count() {
 fn non_finite_inputs() {
     let q = current(Fp8Element::E4M3, false);
     let x = [1.0f32, f32::NAN, -2.0, 0.5];
-    let t = fp8::quantize(
+    let t = quantize_with(
         &x,
         2,
         2,
@@ -360,7 +362,7 @@ fn non_finite_inputs() {
     assert_eq!(t.amax, 2.0); // NaN ignored (fmaxf)
     assert_eq!(t.codes[1] & 0x7F, 0x7F); // NaN code
     let x = [1.0f32, f32::NEG_INFINITY];
-    let t = fp8::quantize(
+    let t = quantize_with(
         &x,
         1,
         2,
@@ -380,8 +382,8 @@ fn bf16_rounding() {
         .map(|i| 1.0 + (i as f32) * 1.37e-3 - 0.3)
         .collect();
     let key = RngKey { seed: 1, stream: 2 };
-    let t = bf16::quantize(&x, 64, 8, Usage::Rowwise, &OperandQuant::BF16, key).unwrap();
-    let d = bf16::dequantize(&t);
+    let t = quantize(&x, 64, 8, Usage::Rowwise, &OperandQuant::BF16, key).unwrap();
+    let d = t.dequantize();
     for (v, y) in x.iter().zip(&d) {
         assert_eq!(
             *y,
@@ -389,7 +391,7 @@ fn bf16_rounding() {
         );
     }
     let q = OperandQuant::BF16.with_rounding(RoundingMode::Stochastic);
-    let t = bf16::quantize(&x, 64, 8, Usage::Columnwise, &q, key).unwrap();
+    let t = quantize(&x, 64, 8, Usage::Columnwise, &q, key).unwrap();
     let d = t.dequantize();
     for r in 0..8 {
         for c in 0..64 {
@@ -400,7 +402,7 @@ fn bf16_rounding() {
         }
     }
     // Overflow to Inf counts as clipped.
-    let e = quant::stats::operand_error(
+    let e = operand_error(
         &[3.4e38, 1.0],
         1,
         2,
@@ -412,7 +414,7 @@ fn bf16_rounding() {
     .unwrap();
     assert_eq!(e.clipped_fraction, 0.5);
     // F32 is exact and rejects SR.
-    let y = fake::fake_quantize(
+    let y = fake_quantize_with(
         &x,
         64,
         8,
@@ -423,7 +425,7 @@ fn bf16_rounding() {
     )
     .unwrap();
     assert_eq!(y, x);
-    assert!(fake::validate(
+    assert!(validate(
         &OperandQuant::F32.with_rounding(RoundingMode::Stochastic),
         Usage::Rowwise
     )

@@ -2,9 +2,12 @@
 //! scales and codes bit for bit, for 5 element formats x 4 scale rules, rowwise and
 //! columnwise, plus fake quantization and dequantization of the same data.
 
+mod common;
+use common::*;
+
 use fp_formats::mx::{MxElement, ScaleRule};
 use fp_formats::pack;
-use quant::{fake, mx, OperandQuant, QuantState, QuantizedTensor, RngKey, Usage};
+use quant::{OperandQuant, QuantState, QuantizedTensor, RngKey, Usage};
 
 struct Case {
     element: MxElement,
@@ -166,7 +169,7 @@ fn rowwise_matches_torchao() {
     let mut flagged = 0;
     for c in &g.cases {
         let q = OperandQuant::mx(c.element, c.rule);
-        let t = mx::quantize(&g.x, g.rows, g.cols, Usage::Rowwise, &q, RngKey::default()).unwrap();
+        let t = quantize(&g.x, g.rows, g.cols, Usage::Rowwise, &q, RngKey::default()).unwrap();
         let capped = check(&g, c, &t, "rowwise");
         assert!(
             capped <= 4,
@@ -193,7 +196,7 @@ fn columnwise_matches_torchao_on_the_transpose() {
     let xt = transpose(&g.x, g.rows, g.cols);
     for c in &g.cases {
         let q = OperandQuant::mx(c.element, c.rule);
-        let t = mx::quantize(
+        let t = quantize(
             &xt,
             g.cols,
             g.rows,
@@ -213,9 +216,8 @@ fn fake_quantize_and_dequantize_match_golden_values() {
         let q = OperandQuant::mx(c.element, c.rule);
         let mut st = QuantState::new();
         let key = RngKey::default();
-        let y =
-            fake::fake_quantize(&g.x, g.rows, g.cols, Usage::Rowwise, &q, key, &mut st).unwrap();
-        let t = fake::quantize(&g.x, g.rows, g.cols, Usage::Rowwise, &q, key, &mut st).unwrap();
+        let y = fake_quantize_with(&g.x, g.rows, g.cols, Usage::Rowwise, &q, key, &mut st).unwrap();
+        let t = quantize_with(&g.x, g.rows, g.cols, Usage::Rowwise, &q, key, &mut st).unwrap();
         let d = t.dequantize();
         for i in 0..g.x.len() {
             if c.scales[i / 32] > max_scale(c.element) {

@@ -2,12 +2,15 @@
 //! (bit-exact rule and index, Tseng et al.'s 3/4 prescaling: no clipping, unbiased mean),
 //! the Hadamard transform, thread-count independence and typed errors.
 
+mod common;
+use common::*;
+
 use fp_formats::mx::{MxElement, ScaleRule};
 use fp_formats::{ElementFormat, FormatError, Overflow, Rounding, E2M1, E8M0};
 use quant::philox::random_byte;
 use quant::{
-    fake, hadamard, mx, stats, BlockShape, OperandQuant, QuantError, QuantFormat, QuantState, Rht,
-    RngKey, RoundingMode, Usage,
+    hadamard, BlockShape, OperandQuant, QuantError, QuantFormat, QuantState, Rht, RngKey,
+    RoundingMode, Usage,
 };
 
 const ELEMENTS: [MxElement; 5] = [
@@ -62,7 +65,7 @@ fn spec_scale_examples() {
     ] {
         let mut x = vec![0.0f32; 32];
         x[3] = amax;
-        let f = mx::quantize(
+        let f = quantize(
             &x,
             1,
             32,
@@ -71,7 +74,7 @@ fn spec_scale_examples() {
             key,
         )
         .unwrap();
-        let r = mx::quantize(
+        let r = quantize(
             &x,
             1,
             32,
@@ -87,7 +90,7 @@ fn spec_scale_examples() {
             f.codes[3]
         };
         assert_eq!(fc, floor_code);
-        let ef = stats::operand_error(
+        let ef = operand_error(
             &x,
             1,
             32,
@@ -97,7 +100,7 @@ fn spec_scale_examples() {
             &mut QuantState::new(),
         )
         .unwrap();
-        let er = stats::operand_error(
+        let er = operand_error(
             &x,
             1,
             32,
@@ -126,14 +129,14 @@ fn padding_equals_explicit_zero_columns() {
             OperandQuant::mx(element, ScaleRule::Floor),
             sr(OperandQuant::mx(element, ScaleRule::Rceil)),
         ] {
-            let t = mx::quantize(&x, rows, cols, Usage::Rowwise, &q, key).unwrap();
-            let tp = mx::quantize(&xp, rows, 64, Usage::Rowwise, &q, key).unwrap();
+            let t = quantize(&x, rows, cols, Usage::Rowwise, &q, key).unwrap();
+            let tp = quantize(&xp, rows, 64, Usage::Rowwise, &q, key).unwrap();
             assert_eq!((t.cols, t.padded_cols, t.padded_rows), (40, 64, 5));
             // Same bytes: the random index runs over the padded layout in both.
             assert_eq!(t.codes, tp.codes, "{element:?}");
             assert_eq!(t.scales, tp.scales);
-            let d = mx::dequantize(&t);
-            let dp = mx::dequantize(&tp);
+            let d = t.dequantize();
+            let dp = tp.dequantize();
             for r in 0..rows {
                 assert_eq!(&d[r * cols..(r + 1) * cols], &dp[r * 64..r * 64 + cols]);
             }
@@ -156,7 +159,7 @@ fn stochastic_rounding_rule_and_index() {
             } else {
                 sr(OperandQuant::mx(MxElement::E2M1, rule))
             };
-            let t = mx::quantize(&x, rows, cols, Usage::Rowwise, &q, key).unwrap();
+            let t = quantize(&x, rows, cols, Usage::Rowwise, &q, key).unwrap();
             let codes = fp_formats::pack::unpack_fp4(&t.codes, rows * 96).unwrap();
             for r in 0..rows {
                 for c in 0..cols {
@@ -210,14 +213,14 @@ fn prescaled_sr_is_unbiased_and_never_clips() {
             ),
         ] {
             let y =
-                fake::fake_quantize(&x, 1, cols, Usage::Rowwise, &q, key, &mut QuantState::new())
+                fake_quantize_with(&x, 1, cols, Usage::Rowwise, &q, key, &mut QuantState::new())
                     .unwrap();
             for (a, v) in acc.iter_mut().zip(y) {
                 *a += v as f64 / trials as f64;
             }
         }
     }
-    let e = stats::operand_error(
+    let e = operand_error(
         &x,
         1,
         cols,
@@ -261,12 +264,12 @@ fn hadamard_columnwise_equals_transform_then_rowwise() {
         hadamard::rht_rows(&mut stored, mask);
         for element in [MxElement::E4M3, MxElement::E2M1] {
             let q = sr(OperandQuant::mx(element, ScaleRule::Rceil));
-            let t = mx::quantize(&x, rows, cols, Usage::Columnwise, &q.with_rht(rht), key).unwrap();
-            let want = mx::quantize(&stored, cols, rows, Usage::Rowwise, &q, key).unwrap();
+            let t = quantize(&x, rows, cols, Usage::Columnwise, &q.with_rht(rht), key).unwrap();
+            let want = quantize(&stored, cols, rows, Usage::Rowwise, &q, key).unwrap();
             assert_eq!(t.codes, want.codes);
             assert_eq!(t.scales, want.scales);
             assert_eq!(t.amax, want.amax);
-            let e = stats::operand_error(
+            let e = operand_error(
                 &x,
                 rows,
                 cols,
@@ -288,11 +291,11 @@ fn hadamard_columnwise_equals_transform_then_rowwise() {
     }
     let q = OperandQuant::mx(MxElement::E4M3, ScaleRule::Rceil).with_rht(Rht::FixedSigns);
     assert!(matches!(
-        mx::quantize(&x, rows, cols, Usage::Rowwise, &q, key),
+        quantize(&x, rows, cols, Usage::Rowwise, &q, key),
         Err(QuantError::InvalidConfig(_))
     ));
     assert!(matches!(
-        mx::quantize(&x[..40 * 40], 40, 40, Usage::Columnwise, &q, key),
+        quantize(&x[..40 * 40], 40, 40, Usage::Columnwise, &q, key),
         Err(QuantError::InvalidConfig(_))
     ));
 }
@@ -316,13 +319,13 @@ fn identical_for_any_thread_count() {
                 ];
                 for q in qs {
                     for (r, c, u) in [(2000, 96, Usage::Rowwise), (96, 2000, Usage::Columnwise)] {
-                        out.push(mx::quantize(&x, r, c, u, &q, key).unwrap());
+                        out.push(quantize(&x, r, c, u, &q, key).unwrap());
                     }
                 }
             }
             let q =
                 sr(OperandQuant::mx(MxElement::E2M1, ScaleRule::Even)).with_rht(Rht::RandomSigns);
-            out.push(mx::quantize(&x, 2000, 96, Usage::Columnwise, &q, key).unwrap());
+            out.push(quantize(&x, 2000, 96, Usage::Columnwise, &q, key).unwrap());
             out
         })
     };
@@ -339,15 +342,15 @@ fn dequantize_equals_fake_quantize() {
             for q in [OperandQuant::mx(element, rule), prescaled(element, rule)] {
                 for usage in [Usage::Rowwise, Usage::Columnwise] {
                     let mut st = QuantState::new();
-                    let t = fake::quantize(&x, rows, cols, usage, &q, key, &mut st).unwrap();
-                    let y = fake::fake_quantize(&x, rows, cols, usage, &q, key, &mut st).unwrap();
+                    let t = quantize_with(&x, rows, cols, usage, &q, key, &mut st).unwrap();
+                    let y = fake_quantize_with(&x, rows, cols, usage, &q, key, &mut st).unwrap();
                     let d = t.dequantize();
                     assert!(
                         d.iter().zip(&y).all(|(a, b)| a.to_bits() == b.to_bits()),
                         "{q:?} {usage:?}"
                     );
                     let mut u = vec![0.0f32; x.len()];
-                    let f = mx::fake_quantize_into(&x, rows, cols, usage, &q, key, &mut u).unwrap();
+                    let f = fake_quantize_into(&x, rows, cols, usage, &q, key, &mut u).unwrap();
                     assert!(u
                         .iter()
                         .zip(&y)
@@ -374,35 +377,34 @@ fn typed_errors() {
             },
             ..q
         },
-        OperandQuant::nvfp4(),
     ] {
         assert!(
             matches!(
-                mx::quantize(&x, 2, 32, Usage::Rowwise, &bad, key),
+                quantize(&x, 2, 32, Usage::Rowwise, &bad, key),
                 Err(QuantError::InvalidConfig(_))
             ),
             "{bad:?}"
         );
     }
     assert!(matches!(
-        mx::quantize(&x, 3, 32, Usage::Rowwise, &q, key),
+        quantize(&x, 3, 32, Usage::Rowwise, &q, key),
         Err(QuantError::Format(FormatError::ShapeMismatch { .. }))
     ));
     let mut y = x.clone();
     y[37] = f32::NAN;
-    match mx::quantize(&y, 2, 32, Usage::Columnwise, &q, key) {
+    match quantize(&y, 2, 32, Usage::Columnwise, &q, key) {
         Err(QuantError::Format(FormatError::NonFinite { index, .. })) => assert_eq!(index, 37),
         other => panic!("{other:?}"),
     }
     y[37] = f32::INFINITY;
-    match mx::quantize(&y, 2, 32, Usage::Rowwise, &q, key) {
+    match quantize(&y, 2, 32, Usage::Rowwise, &q, key) {
         Err(QuantError::Format(FormatError::NonFinite { index, .. })) => assert_eq!(index, 37),
         other => panic!("{other:?}"),
     }
     let mut out = vec![0.0f32; 63];
-    assert!(mx::fake_quantize_into(&x, 2, 32, Usage::Rowwise, &q, key, &mut out).is_err());
+    assert!(fake_quantize_into(&x, 2, 32, Usage::Rowwise, &q, key, &mut out).is_err());
     // Empty tensors are fine.
-    let t = mx::quantize(&[], 0, 32, Usage::Rowwise, &q, key).unwrap();
+    let t = quantize(&[], 0, 32, Usage::Rowwise, &q, key).unwrap();
     assert!(t.codes.is_empty() && t.dequantize().is_empty());
 }
 
@@ -438,12 +440,12 @@ fn values_near_f32_max_give_finite_fake_quantization_and_error() {
                 let q = OperandQuant::mx(element, rule);
                 let mut st = QuantState::new();
                 let y =
-                    fake::fake_quantize(&x, 64, 64, usage, &q, RngKey::default(), &mut st).unwrap();
+                    fake_quantize_with(&x, 64, 64, usage, &q, RngKey::default(), &mut st).unwrap();
                 assert!(
                     y.iter().all(|v| v.is_finite()),
                     "{element:?} {rule:?} {usage:?}"
                 );
-                let e = stats::operand_error(
+                let e = operand_error(
                     &x,
                     64,
                     64,

@@ -5,7 +5,10 @@
 //! inputs, including NaN payloads that a careless BF16 rounding of the Hadamard transform
 //! would turn into finite values.
 
-use quant::{nvfp4, BlockShape, OperandQuant, QuantError, Rht, RngKey, RoundingMode, Usage};
+mod common;
+use common::*;
+
+use quant::{BlockShape, OperandQuant, QuantError, Rht, RngKey, RoundingMode, Usage};
 
 const KEY: RngKey = RngKey {
     seed: 0xfa57,
@@ -78,22 +81,22 @@ fn fake_quantize_equals_quantize_then_dequantize() {
                         continue;
                     }
                     let ctx = format!("{rows}x{cols} {usage:?} {q:?} huge={huge}");
-                    let t = nvfp4::quantize(&x, rows, cols, usage, &q, KEY);
+                    let t = quantize(&x, rows, cols, usage, &q, KEY);
                     let Ok(t) = t else {
                         // only an overflowing Hadamard transform of huge values fails
                         assert!(rht && huge, "{ctx}: {t:?}");
                         let mut out = vec![0.0f32; x.len()];
-                        let e = nvfp4::fake_quantize_into(&x, rows, cols, usage, &q, KEY, &mut out);
+                        let e = fake_quantize_into(&x, rows, cols, usage, &q, KEY, &mut out);
                         assert_eq!(format!("{e:?}"), format!("{:?}", t.map(|_| 0.0f32)));
                         continue;
                     };
                     let mut want = vec![0.0f32; x.len()];
-                    let s_want = nvfp4::dequantize_unscaled_into(&t, &mut want).unwrap();
+                    let s_want = quant::nvfp4::dequantize_unscaled_into(&t, &mut want).unwrap();
                     for pool in &pools {
                         let mut got = vec![f32::NAN; x.len()];
                         let s = pool
                             .install(|| {
-                                nvfp4::fake_quantize_into(&x, rows, cols, usage, &q, KEY, &mut got)
+                                fake_quantize_into(&x, rows, cols, usage, &q, KEY, &mut got)
                             })
                             .unwrap();
                         assert_eq!(s.to_bits(), s_want.to_bits(), "{ctx}");
@@ -129,10 +132,9 @@ fn non_finite_inputs_are_reported_like_the_packed_path() {
                 if rht && usage == Usage::Rowwise {
                     continue;
                 }
-                let want = nvfp4::quantize(&x, rows, cols, usage, &q, KEY).unwrap_err();
+                let want = quantize(&x, rows, cols, usage, &q, KEY).unwrap_err();
                 let mut out = vec![0.0f32; x.len()];
-                let got = nvfp4::fake_quantize_into(&x, rows, cols, usage, &q, KEY, &mut out)
-                    .unwrap_err();
+                let got = fake_quantize_into(&x, rows, cols, usage, &q, KEY, &mut out).unwrap_err();
                 assert!(matches!(got, QuantError::Format(_)), "{got:?}");
                 assert_eq!(
                     format!("{got:?}"),

@@ -3,6 +3,9 @@
 //! (`tests/data/make_nvfp4_golden.py`; see `tests/data/README.md`): codes, scales and the
 //! per-tensor amax must agree bit for bit. The files are embedded at compile time.
 
+mod common;
+use common::*;
+
 use quant::{
     nvfp4, BlockError, BlockShape, FourOverSix, OperandQuant, QuantFormat, Rht, RngKey,
     RoundingMode, Usage,
@@ -130,7 +133,7 @@ fn parse(data: &[u8]) -> Vec<Case> {
 }
 
 fn check(file: &str, c: &Case) {
-    let t = nvfp4::quantize(&c.x, c.rows, c.cols, c.usage, &c.q, c.key)
+    let t = quantize(&c.x, c.rows, c.cols, c.usage, &c.q, c.key)
         .unwrap_or_else(|e| panic!("{file}/{}: {e}", c.name));
     let ctx = format!("{file}/{}", c.name);
     assert_eq!((t.rows, t.cols), c.stored, "{ctx}: stored shape");
@@ -173,8 +176,7 @@ fn check(file: &str, c: &Case) {
 
     // The fused fake-quantization path agrees with the packed result.
     let mut fake = vec![0.0f32; c.x.len()];
-    let s_dec =
-        nvfp4::fake_quantize_into(&c.x, c.rows, c.cols, c.usage, &c.q, c.key, &mut fake).unwrap();
+    let s_dec = fake_quantize_into(&c.x, c.rows, c.cols, c.usage, &c.q, c.key, &mut fake).unwrap();
     let mut unscaled = vec![0.0f32; c.x.len()];
     assert_eq!(
         nvfp4::dequantize_unscaled_into(&t, &mut unscaled).unwrap(),

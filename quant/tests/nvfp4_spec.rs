@@ -2,6 +2,9 @@
 //! layout and padding rules, the 16x16 transpose property, errors, the agreement of the
 //! packed / fake-quantized / dequantized paths, and independence from the thread count.
 
+mod common;
+use common::*;
+
 use fp_formats::FormatError;
 use quant::hadamard::{rht_rows, TE_SIGN_MASK};
 use quant::{
@@ -86,7 +89,7 @@ fn worked_example_1x32() {
     let mut x = block0.to_vec();
     x.extend([10.0, -10.0]);
     x.extend([0.5; 14]);
-    let t = nvfp4::quantize(&x, 1, 32, Usage::Rowwise, &nv(), KEY).unwrap();
+    let t = quantize(&x, 1, 32, Usage::Rowwise, &nv(), KEY).unwrap();
     assert_eq!(t.amax, 10.0);
     assert_eq!(1.0 / t.tensor_scale_inv, 268.8f32); // S_enc = fl(2688 / 10)
     assert_eq!(t.tensor_scale_inv, 1.0 / 268.8f32);
@@ -104,7 +107,7 @@ fn worked_example_1x32() {
         codes,
         [0, 1, 9, 2, 3, 0xB, 4, 5, 5, 0xD, 6, 6, 0xE, 7, 7, 7]
     );
-    let deq = nvfp4::dequantize(&t);
+    let deq = t.dequantize();
     let want0 = [
         0.0, 0.17857, -0.17857, 0.35714, 0.53571, -0.53571, 0.71429, 1.07143, 1.07143, -1.07143,
         1.42857, 1.42857, -1.42857, 2.14286, 2.14286, 2.14286,
@@ -126,11 +129,11 @@ fn clipping_example() {
     let mut x = vec![0.0f32; 32];
     x[0] = 546.0;
     x[16] = 2688.0;
-    let t = nvfp4::quantize(&x, 1, 32, Usage::Rowwise, &nv(), KEY).unwrap();
+    let t = quantize(&x, 1, 32, Usage::Rowwise, &nv(), KEY).unwrap();
     assert_eq!(t.tensor_scale_inv, 1.0);
     assert_eq!(t.scales[0], 0x6B);
     assert_eq!(code(&t, 0, 0), 0x7);
-    assert_eq!(nvfp4::dequantize(&t)[0], 528.0);
+    assert_eq!(t.dequantize()[0], 528.0);
 }
 
 #[test]
@@ -142,7 +145,7 @@ fn zero_and_edge_cases() {
             nv().with_block(BlockShape::Tile16),
             fos(BlockError::Mae, true),
         ] {
-            let t = nvfp4::quantize(&[0.0; 48], 3, 16, usage, &q, KEY).unwrap();
+            let t = quantize(&[0.0; 48], 3, 16, usage, &q, KEY).unwrap();
             assert_eq!((t.amax, t.tensor_scale_inv), (0.0, 1.0));
             assert!(t.scales.iter().all(|&s| s == 0) && t.codes.iter().all(|&c| c == 0));
         }
@@ -154,15 +157,15 @@ fn zero_and_edge_cases() {
     x[16] = 2.0e-6;
     x[17] = -1.0e-6;
     x[32] = 2.3e-6;
-    let t = nvfp4::quantize(&x, 1, 48, Usage::Rowwise, &nv(), KEY).unwrap();
+    let t = quantize(&x, 1, 48, Usage::Rowwise, &nv(), KEY).unwrap();
     assert_eq!(&t.scales, &[0x7E, 0x00, 0x01]);
-    let d = nvfp4::dequantize(&t);
+    let d = t.dequantize();
     assert!(d[16..32].iter().all(|&v| v == 0.0));
     assert!(d[32] > 0.0);
     // Empty tensors.
-    let t = nvfp4::quantize(&[], 0, 5, Usage::Rowwise, &nv(), KEY).unwrap();
+    let t = quantize(&[], 0, 5, Usage::Rowwise, &nv(), KEY).unwrap();
     assert!(t.codes.is_empty() && t.scales.is_empty() && t.amax == 0.0);
-    let t = nvfp4::quantize(&[], 4, 0, Usage::Columnwise, &nv(), KEY).unwrap();
+    let t = quantize(&[], 4, 0, Usage::Columnwise, &nv(), KEY).unwrap();
     assert_eq!((t.rows, t.cols), (0, 4));
 }
 
@@ -175,12 +178,12 @@ fn padding_rules() {
     let (rows, cols) = (21, 35);
     let x = data(rows, cols, 1);
     // Row16: only the blocked (stored column) dimension is padded.
-    let t = nvfp4::quantize(&x, rows, cols, Usage::Rowwise, &nv(), KEY).unwrap();
+    let t = quantize(&x, rows, cols, Usage::Rowwise, &nv(), KEY).unwrap();
     assert_eq!(
         (t.rows, t.cols, t.padded_rows, t.padded_cols),
         (21, 35, 21, 48)
     );
-    let t = nvfp4::quantize(&x, rows, cols, Usage::Columnwise, &nv(), KEY).unwrap();
+    let t = quantize(&x, rows, cols, Usage::Columnwise, &nv(), KEY).unwrap();
     assert_eq!(
         (t.rows, t.cols, t.padded_rows, t.padded_cols),
         (35, 21, 35, 32)
@@ -190,7 +193,7 @@ fn padding_rules() {
     }
     // Tile16: both stored dimensions.
     let w = nv().with_block(BlockShape::Tile16);
-    let t = nvfp4::quantize(&x, rows, cols, Usage::Rowwise, &w, KEY).unwrap();
+    let t = quantize(&x, rows, cols, Usage::Rowwise, &w, KEY).unwrap();
     assert_eq!((t.padded_rows, t.padded_cols), (32, 48));
     assert_eq!(t.codes.len(), 32 * 48 / 2);
     assert_eq!(t.scales.len(), 32 * 3);
@@ -199,12 +202,12 @@ fn padding_rules() {
     for r in 0..rows {
         xp[r * 48..r * 48 + cols].copy_from_slice(&x[r * cols..(r + 1) * cols]);
     }
-    let tp = nvfp4::quantize(&xp, 32, 48, Usage::Rowwise, &w, KEY).unwrap();
+    let tp = quantize(&xp, 32, 48, Usage::Rowwise, &w, KEY).unwrap();
     assert_eq!(
         (&t.codes, &t.scales, t.amax),
         (&tp.codes, &tp.scales, tp.amax)
     );
-    assert_eq!(nvfp4::dequantize(&t).len(), rows * cols);
+    assert_eq!(t.dequantize().len(), rows * cols);
 }
 
 /// 16x16 tiles: one scale per tile, repeated on the tile's 16 rows; the columnwise copy is
@@ -214,8 +217,8 @@ fn tile16_copies_are_transposes() {
     let w = nv().with_block(BlockShape::Tile16);
     for (rows, cols) in [(64, 48), (40, 56), (17, 33), (16, 16)] {
         let x = data(rows, cols, rows as u64);
-        let a = nvfp4::quantize(&x, rows, cols, Usage::Rowwise, &w, KEY).unwrap();
-        let b = nvfp4::quantize(&x, rows, cols, Usage::Columnwise, &w, KEY).unwrap();
+        let a = quantize(&x, rows, cols, Usage::Rowwise, &w, KEY).unwrap();
+        let b = quantize(&x, rows, cols, Usage::Columnwise, &w, KEY).unwrap();
         assert_eq!(a.amax, b.amax);
         assert_eq!(
             (a.padded_rows, a.padded_cols),
@@ -236,7 +239,7 @@ fn tile16_copies_are_transposes() {
                 );
             }
         }
-        let (da, db) = (nvfp4::dequantize(&a), nvfp4::dequantize(&b));
+        let (da, db) = (a.dequantize(), b.dequantize());
         assert_eq!(transpose(&da, rows, cols), db);
     }
     // Also with Four Over Six (same candidate choice per tile in both copies).
@@ -245,12 +248,9 @@ fn tile16_copies_are_transposes() {
         ..fos(BlockError::Mse, true)
     };
     let x = data(48, 32, 9);
-    let a = nvfp4::quantize(&x, 48, 32, Usage::Rowwise, &q, KEY).unwrap();
-    let b = nvfp4::quantize(&x, 48, 32, Usage::Columnwise, &q, KEY).unwrap();
-    assert_eq!(
-        transpose(&nvfp4::dequantize(&a), 48, 32),
-        nvfp4::dequantize(&b)
-    );
+    let a = quantize(&x, 48, 32, Usage::Rowwise, &q, KEY).unwrap();
+    let b = quantize(&x, 48, 32, Usage::Columnwise, &q, KEY).unwrap();
+    assert_eq!(transpose(&a.dequantize(), 48, 32), b.dequantize());
 }
 
 /// Columnwise = rowwise quantization of the transpose; with RHT, of the transformed
@@ -265,13 +265,13 @@ fn columnwise_is_rowwise_of_transpose() {
         nv().with_block(BlockShape::Tile16),
         fos(BlockError::Mae, false),
     ] {
-        let c = nvfp4::quantize(&x, rows, cols, Usage::Columnwise, &q, KEY).unwrap();
-        let r = nvfp4::quantize(&xt, cols, rows, Usage::Rowwise, &q, KEY).unwrap();
+        let c = quantize(&x, rows, cols, Usage::Columnwise, &q, KEY).unwrap();
+        let r = quantize(&xt, cols, rows, Usage::Rowwise, &q, KEY).unwrap();
         assert_eq!((c.codes, c.scales, c.amax), (r.codes, r.scales, r.amax));
     }
     let mut xh = xt.clone();
     rht_rows(&mut xh, TE_SIGN_MASK);
-    let c = nvfp4::quantize(
+    let c = quantize(
         &x,
         rows,
         cols,
@@ -280,7 +280,7 @@ fn columnwise_is_rowwise_of_transpose() {
         KEY,
     )
     .unwrap();
-    let r = nvfp4::quantize(&xh, cols, rows, Usage::Rowwise, &nv(), KEY).unwrap();
+    let r = quantize(&xh, cols, rows, Usage::Rowwise, &nv(), KEY).unwrap();
     assert_eq!(c.amax, xh.iter().fold(0.0f32, |m, v| m.max(v.abs())));
     assert_ne!(c.amax, xt.iter().fold(0.0f32, |m, v| m.max(v.abs())));
     assert_eq!((c.codes, c.scales, c.amax), (r.codes, r.scales, r.amax));
@@ -293,14 +293,14 @@ fn four_over_six_picks_map_to_4() {
     // 0.5) and 6 -> 4 * 1.5 = 6: map-to-4 wins.
     let mut x = vec![5.0f32; 16];
     x[0] = 6.0;
-    let t = nvfp4::quantize(&x, 1, 16, Usage::Rowwise, &fos(BlockError::Mae, true), KEY).unwrap();
+    let t = quantize(&x, 1, 16, Usage::Rowwise, &fos(BlockError::Mae, true), KEY).unwrap();
     assert_eq!(t.scales, [0x7C]);
     assert_eq!(1.0 / t.tensor_scale_inv, 256.0);
-    let d = nvfp4::dequantize(&t);
+    let d = t.dequantize();
     assert_eq!(d[0], 6.0);
     assert!(d[1..].iter().all(|&v| v == 4.5));
     // [6 x 16]: map-to-6 is exact, map-to-4 too (6 -> 4 * 1.5): a tie picks map-to-6.
-    let t = nvfp4::quantize(
+    let t = quantize(
         &[6.0; 16],
         1,
         16,
@@ -311,7 +311,7 @@ fn four_over_six_picks_map_to_4() {
     .unwrap();
     assert_eq!(t.scales, [0x78]);
     // With bound 448 the global scale is the plain NVFP4 one.
-    let t = nvfp4::quantize(&x, 1, 16, Usage::Rowwise, &fos(BlockError::Mae, false), KEY).unwrap();
+    let t = quantize(&x, 1, 16, Usage::Rowwise, &fos(BlockError::Mae, false), KEY).unwrap();
     assert_eq!(t.tensor_scale_inv, 6.0 / 2688.0);
 }
 
@@ -326,8 +326,8 @@ fn errors() {
         assert!(matches!(r, Err(QuantError::InvalidConfig(_))), "{r:?}")
     };
     let rht = nv().with_rht(Rht::FixedSigns);
-    invalid(nvfp4::quantize(&x, 32, 16, Usage::Rowwise, &rht, KEY));
-    invalid(nvfp4::quantize(
+    invalid(quantize(&x, 32, 16, Usage::Rowwise, &rht, KEY));
+    invalid(quantize(
         &x,
         32,
         16,
@@ -335,7 +335,7 @@ fn errors() {
         &nv().with_rht(Rht::RandomSigns),
         KEY,
     ));
-    invalid(nvfp4::quantize(
+    invalid(quantize(
         &x,
         32,
         16,
@@ -343,7 +343,7 @@ fn errors() {
         &fos(BlockError::Mae, true).with_rht(Rht::FixedSigns),
         KEY,
     ));
-    invalid(nvfp4::quantize(
+    invalid(quantize(
         &x,
         32,
         16,
@@ -351,7 +351,7 @@ fn errors() {
         &fos(BlockError::Mse, true).with_rounding(RoundingMode::Stochastic),
         KEY,
     ));
-    invalid(nvfp4::quantize(
+    invalid(quantize(
         &x,
         32,
         16,
@@ -359,16 +359,8 @@ fn errors() {
         &nv().with_block(BlockShape::Row32),
         KEY,
     ));
-    invalid(nvfp4::quantize(
-        &x,
-        32,
-        16,
-        Usage::Rowwise,
-        &OperandQuant::BF16,
-        KEY,
-    ));
     // RHT needs the transformed dimension (rows) to be a multiple of 16.
-    invalid(nvfp4::quantize(
+    invalid(quantize(
         &x[..24 * 16],
         24,
         16,
@@ -378,12 +370,12 @@ fn errors() {
     ));
     // Shapes.
     assert!(matches!(
-        nvfp4::quantize(&x, 31, 16, Usage::Rowwise, &nv(), KEY),
+        quantize(&x, 31, 16, Usage::Rowwise, &nv(), KEY),
         Err(QuantError::Format(FormatError::ShapeMismatch { .. }))
     ));
     let mut out = vec![0.0f32; 10];
     assert!(matches!(
-        nvfp4::fake_quantize_into(&x, 32, 16, Usage::Rowwise, &nv(), KEY, &mut out),
+        fake_quantize_into(&x, 32, 16, Usage::Rowwise, &nv(), KEY, &mut out),
         Err(QuantError::Format(FormatError::ShapeMismatch { .. }))
     ));
     // Non-finite input: the flat index into x of the first offender, on every path.
@@ -397,7 +389,7 @@ fn errors() {
             (Usage::Columnwise, rht),
             (Usage::Columnwise, nv().with_block(BlockShape::Tile16)),
         ] {
-            match nvfp4::quantize(&y, 32, 16, usage, &q, KEY) {
+            match quantize(&y, 32, 16, usage, &q, KEY) {
                 Err(QuantError::Format(FormatError::NonFinite { index, value })) => {
                     assert_eq!(index, 200);
                     assert_eq!(value.to_bits(), bad.to_bits());
@@ -405,11 +397,11 @@ fn errors() {
                 r => panic!("expected NonFinite, got {r:?}"),
             }
             let mut out = vec![0.0f32; y.len()];
-            assert!(nvfp4::fake_quantize_into(&y, 32, 16, usage, &q, KEY, &mut out).is_err());
+            assert!(fake_quantize_into(&y, 32, 16, usage, &q, KEY, &mut out).is_err());
         }
     }
     // A dequantizer handed an inconsistent tensor.
-    let mut t = nvfp4::quantize(&x, 32, 16, Usage::Rowwise, &nv(), KEY).unwrap();
+    let mut t = quantize(&x, 32, 16, Usage::Rowwise, &nv(), KEY).unwrap();
     t.codes.pop();
     let mut out = vec![0.0f32; 32 * 16];
     assert!(matches!(
@@ -458,14 +450,13 @@ fn fake_quantize_agrees_with_packed() {
     for (rows, cols) in [(144, 80), (32, 50)] {
         let x = data(rows, cols, 11);
         for (usage, q) in all_configs() {
-            let t = nvfp4::quantize(&x, rows, cols, usage, &q, KEY).unwrap();
+            let t = quantize(&x, rows, cols, usage, &q, KEY).unwrap();
             let mut fake = vec![0.0f32; rows * cols];
-            let s_dec =
-                nvfp4::fake_quantize_into(&x, rows, cols, usage, &q, KEY, &mut fake).unwrap();
+            let s_dec = fake_quantize_into(&x, rows, cols, usage, &q, KEY, &mut fake).unwrap();
             assert_eq!(s_dec, t.tensor_scale_inv);
             let mut unscaled = vec![f32::NAN; rows * cols];
             nvfp4::dequantize_unscaled_into(&t, &mut unscaled).unwrap();
-            let full = nvfp4::dequantize(&t);
+            let full = t.dequantize();
             for i in 0..rows * cols {
                 assert_eq!(
                     fake[i].to_bits(),
@@ -490,13 +481,13 @@ fn independent_of_thread_count() {
     };
     let (p1, p2) = (pool(1), pool(2));
     for (usage, q) in all_configs() {
-        let a = p1.install(|| nvfp4::quantize(&x, rows, cols, usage, &q, KEY).unwrap());
-        let b = p2.install(|| nvfp4::quantize(&x, rows, cols, usage, &q, KEY).unwrap());
+        let a = p1.install(|| quantize(&x, rows, cols, usage, &q, KEY).unwrap());
+        let b = p2.install(|| quantize(&x, rows, cols, usage, &q, KEY).unwrap());
         assert_eq!(a, b, "{usage:?} {q:?}");
         let mut fa = vec![0.0f32; rows * cols];
         let mut fb = vec![0.0f32; rows * cols];
-        p1.install(|| nvfp4::fake_quantize_into(&x, rows, cols, usage, &q, KEY, &mut fa).unwrap());
-        p2.install(|| nvfp4::fake_quantize_into(&x, rows, cols, usage, &q, KEY, &mut fb).unwrap());
+        p1.install(|| fake_quantize_into(&x, rows, cols, usage, &q, KEY, &mut fa).unwrap());
+        p2.install(|| fake_quantize_into(&x, rows, cols, usage, &q, KEY, &mut fb).unwrap());
         assert_eq!(fa, fb);
     }
 }
@@ -507,8 +498,8 @@ fn independent_of_thread_count() {
 fn error_is_bounded() {
     let (rows, cols) = (64, 64);
     let x = data(rows, cols, 4);
-    let t = nvfp4::quantize(&x, rows, cols, Usage::Rowwise, &nv(), KEY).unwrap();
-    let d = nvfp4::dequantize(&t);
+    let t = quantize(&x, rows, cols, Usage::Rowwise, &nv(), KEY).unwrap();
+    let d = t.dequantize();
     for r in 0..rows {
         for c in 0..cols {
             let s = fp_formats::ElementFormat::to_f32(fp_formats::UE4M3(scale(&t, r, c)))

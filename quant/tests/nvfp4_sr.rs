@@ -3,11 +3,14 @@
 //! of many SR quantizations beats one RNE quantization (Transformer Engine's own test), and
 //! the bits depend only on (seed, stream, element index).
 
+mod common;
+use common::*;
+
 use fp_formats::nvfp4::GlobalScale;
 use fp_formats::{ElementFormat, Overflow, Rounding, E2M1, UE4M3};
 use quant::hadamard::{rht_rows, TE_SIGN_MASK};
 use quant::philox::random_byte;
-use quant::{nvfp4, BlockShape, OperandQuant, QuantizedTensor, Rht, RngKey, RoundingMode, Usage};
+use quant::{BlockShape, OperandQuant, QuantizedTensor, Rht, RngKey, RoundingMode, Usage};
 
 fn sr() -> OperandQuant {
     OperandQuant::nvfp4().with_rounding(RoundingMode::Stochastic)
@@ -64,8 +67,8 @@ fn codes_use_the_documented_bytes() {
         ),
     ] {
         let x = data(rows, cols, 7);
-        let t = nvfp4::quantize(&x, rows, cols, usage, &q, key).unwrap();
-        let rne = nvfp4::quantize(
+        let t = quantize(&x, rows, cols, usage, &q, key).unwrap();
+        let rne = quantize(
             &x,
             rows,
             cols,
@@ -150,13 +153,12 @@ fn quantizer_mean_is_unbiased() {
     let mut s_dec = 0.0;
     for stream in 0..n {
         let key = RngKey { seed: 1, stream };
-        s_dec =
-            nvfp4::fake_quantize_into(&x, 1, 32, Usage::Rowwise, &sr(), key, &mut fake).unwrap();
+        s_dec = fake_quantize_into(&x, 1, 32, Usage::Rowwise, &sr(), key, &mut fake).unwrap();
         for (s, v) in sum.iter_mut().zip(&fake) {
             *s += *v as f64;
         }
     }
-    let t = nvfp4::quantize(&x, 1, 32, Usage::Rowwise, &sr(), RngKey::default()).unwrap();
+    let t = quantize(&x, 1, 32, Usage::Rowwise, &sr(), RngKey::default()).unwrap();
     for i in 0..32 {
         let sb = UE4M3(t.scales[i / 16]).to_f32() as f64;
         let step = 2.0 * sb; // the widest grid step in input units (before S_dec)
@@ -203,7 +205,9 @@ fn mean_of_50_beats_rne() {
             t
         };
         let deq = |q: &OperandQuant, key: RngKey| -> Vec<f32> {
-            nvfp4::dequantize(&nvfp4::quantize(&x, rows, cols, usage, q, key).unwrap())
+            quantize(&x, rows, cols, usage, q, key)
+                .unwrap()
+                .dequantize()
         };
         let rne = deq(
             &q.with_rounding(RoundingMode::NearestEven),
@@ -242,14 +246,12 @@ fn bits_depend_only_on_key_and_index() {
             .build()
             .unwrap()
     };
-    let full =
-        pool(2).install(|| nvfp4::quantize(&x, rows, cols, Usage::Rowwise, &sr(), key).unwrap());
-    let head = pool(1).install(|| {
-        nvfp4::quantize(&x[..32 * cols], 32, cols, Usage::Rowwise, &sr(), key).unwrap()
-    });
+    let full = pool(2).install(|| quantize(&x, rows, cols, Usage::Rowwise, &sr(), key).unwrap());
+    let head = pool(1)
+        .install(|| quantize(&x[..32 * cols], 32, cols, Usage::Rowwise, &sr(), key).unwrap());
     assert_eq!(full.amax, head.amax);
     assert_eq!(&full.codes[..head.codes.len()], &head.codes[..]);
-    let other_stream = nvfp4::quantize(
+    let other_stream = quantize(
         &x,
         rows,
         cols,
@@ -258,7 +260,7 @@ fn bits_depend_only_on_key_and_index() {
         RngKey { stream: 10, ..key },
     )
     .unwrap();
-    let other_seed = nvfp4::quantize(
+    let other_seed = quantize(
         &x,
         rows,
         cols,

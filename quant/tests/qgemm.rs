@@ -3,13 +3,16 @@
 //! epilogue" bit for bit (with an FP32 operand: the same with sgemm), and shapes /
 //! configurations are checked with typed errors.
 
+mod common;
+use common::*;
+
 use fp_formats::mx::{MxElement, ScaleRule};
 use quant::gemm::bf16::{bf16_bits, quantized_gemm_tn, Bf16Workspace};
 use quant::gemm::{matmul_tn, sgemm, MatRef};
-use quant::qgemm::{quantized_matmul_tn, quantized_matmul_tn_with, GemmWorkspace, Operand};
+use quant::qgemm::{quantized_matmul_tn, quantized_matmul_tn_with, GemmWorkspace};
 use quant::{
-    fake, AmaxAlgo, BlockShape, Fp8Element, Fp8Scaling, GemmPolicy, OperandQuant, QuantError,
-    QuantFormat, QuantState, Rht, RngKey, RoundingMode, Usage,
+    AmaxAlgo, BlockShape, Fp8Element, Fp8Scaling, GemmPolicy, OperandQuant, QuantError,
+    QuantFormat, QuantState, Quantizer, Rht, RngKey, RoundingMode, Usage,
 };
 
 fn data(n: usize, seed: u32) -> Vec<f32> {
@@ -41,8 +44,8 @@ fn fp32_is_plain_sgemm_bit_for_bit() {
     matmul_tn(&a, &b, m, n, k, &mut want);
     let mut got = vec![f32::NAN; m * n];
     quantized_matmul_tn(
-        Operand::new(&a, m, k, Usage::Rowwise, &f),
-        Operand::new(&b, n, k, Usage::Rowwise, &f),
+        op(&a, m, k, Usage::Rowwise, &f),
+        op(&b, n, k, Usage::Rowwise, &f),
         &mut got,
     )
     .unwrap();
@@ -62,8 +65,8 @@ fn fp32_is_plain_sgemm_bit_for_bit() {
         &mut want2,
     );
     quantized_matmul_tn(
-        Operand::new(&at, k, m, Usage::Columnwise, &f),
-        Operand::new(&bt, k, n, Usage::Columnwise, &f),
+        op(&at, k, m, Usage::Columnwise, &f),
+        op(&bt, k, n, Usage::Columnwise, &f),
         &mut got,
     )
     .unwrap();
@@ -150,28 +153,8 @@ fn quantized_equals_fake_quantize_then_gemm() {
         };
         let mut fa = vec![0.0f32; m * k];
         let mut fb = vec![0.0f32; n * k];
-        let sa = fake::fake_quantize_into(
-            &a,
-            ar,
-            ac,
-            usage,
-            &qa,
-            key_a,
-            &mut QuantState::new(),
-            &mut fa,
-        )
-        .unwrap();
-        let sb = fake::fake_quantize_into(
-            &b,
-            br,
-            bc,
-            usage,
-            &qb,
-            key_b,
-            &mut QuantState::new(),
-            &mut fb,
-        )
-        .unwrap();
+        let sa = fake_quantize_into(&a, ar, ac, usage, &qa, key_a, &mut fa).unwrap();
+        let sb = fake_quantize_into(&b, br, bc, usage, &qb, key_b, &mut fb).unwrap();
         let mut want = vec![0.0f32; m * n];
         let quantized = [&qa, &qb].map(|q| q.format != QuantFormat::F32);
         for (q, f) in quantized.iter().zip([&fa, &fb]) {
@@ -196,8 +179,8 @@ fn quantized_equals_fake_quantize_then_gemm() {
         }
         let mut got = vec![0.0f32; m * n];
         quantized_matmul_tn_with(
-            Operand::new(&a, ar, ac, usage, &qa).with_key(key_a),
-            Operand::new(&b, br, bc, usage, &qb).with_key(key_b),
+            op_key(&a, ar, ac, usage, &qa, key_a),
+            op_key(&b, br, bc, usage, &qb, key_b),
             &mut got,
             &mut ws,
         )
@@ -248,15 +231,15 @@ fn delayed_fp8_needs_state_and_updates_it() {
     let f = OperandQuant::F32;
     let mut out = vec![0.0f32; 32];
     let r = quantized_matmul_tn(
-        Operand::new(&a, 8, 32, Usage::Rowwise, &q),
-        Operand::new(&b, 4, 32, Usage::Rowwise, &f),
+        op(&a, 8, 32, Usage::Rowwise, &q),
+        op(&b, 4, 32, Usage::Rowwise, &f),
         &mut out,
     );
     assert!(matches!(r, Err(QuantError::InvalidConfig(_))));
     let mut st = QuantState::new();
     quantized_matmul_tn(
-        Operand::new(&a, 8, 32, Usage::Rowwise, &q).with_state(&mut st),
-        Operand::new(&b, 4, 32, Usage::Rowwise, &f),
+        op(&a, 8, 32, Usage::Rowwise, &q).with_state(&mut st),
+        op(&b, 4, 32, Usage::Rowwise, &f),
         &mut out,
     )
     .unwrap();
@@ -274,36 +257,33 @@ fn shape_errors() {
     let b = data(5 * 32, 2);
     let mut out = vec![0.0f32; 30];
     let r = quantized_matmul_tn(
-        Operand::new(&a, 6, 16, Usage::Rowwise, &nv),
-        Operand::new(&b, 5, 32, Usage::Rowwise, &f),
+        op(&a, 6, 16, Usage::Rowwise, &nv),
+        op(&b, 5, 32, Usage::Rowwise, &f),
         &mut out,
     );
     assert!(matches!(r, Err(QuantError::GemmShape(_))));
     let r = quantized_matmul_tn(
-        Operand::new(&a, 6, 16, Usage::Rowwise, &nv),
-        Operand::new(&b, 10, 16, Usage::Rowwise, &f),
+        op(&a, 6, 16, Usage::Rowwise, &nv),
+        op(&b, 10, 16, Usage::Rowwise, &f),
         &mut out,
     );
     assert!(matches!(r, Err(QuantError::GemmShape(_))), "{r:?}");
     let r = quantized_matmul_tn(
-        Operand::new(&a, 6, 17, Usage::Rowwise, &nv),
-        Operand::new(&b, 10, 16, Usage::Rowwise, &f),
+        op(&a, 6, 17, Usage::Rowwise, &nv),
+        op(&b, 10, 16, Usage::Rowwise, &f),
         &mut out,
     );
     assert!(matches!(r, Err(QuantError::Format(_))));
+    // invalid settings never make an operand: Quantizer::new refuses them
     let bad = nv.with_block(BlockShape::Row32);
-    let r = quantized_matmul_tn(
-        Operand::new(&a, 6, 16, Usage::Rowwise, &bad),
-        Operand::new(&b, 10, 16, Usage::Rowwise, &f),
-        &mut out,
-    );
+    let r = Quantizer::new(bad, Usage::Rowwise);
     assert!(matches!(r, Err(QuantError::InvalidConfig(_))));
     // Columnwise: A = aᵀ is [16, 6], so K = 6 must match B's K.
     let b6 = data(3 * 6, 3);
     let mut out2 = vec![0.0f32; 48];
     quantized_matmul_tn(
-        Operand::new(&a, 6, 16, Usage::Columnwise, &f),
-        Operand::new(&b6, 3, 6, Usage::Rowwise, &f),
+        op(&a, 6, 16, Usage::Columnwise, &f),
+        op(&b6, 3, 6, Usage::Rowwise, &f),
         &mut out2,
     )
     .unwrap();
@@ -326,8 +306,8 @@ fn workspace_is_reused_and_threads_do_not_matter() {
             let mut out = vec![0.0f32; m * n];
             for _ in 0..3 {
                 quantized_matmul_tn(
-                    Operand::new(&a, m, k, Usage::Rowwise, &qa).with_key(key),
-                    Operand::new(&b, n, k, Usage::Rowwise, &qb),
+                    op_key(&a, m, k, Usage::Rowwise, &qa, key),
+                    op(&b, n, k, Usage::Rowwise, &qb),
                     &mut out,
                 )
                 .unwrap();
@@ -350,8 +330,8 @@ fn operands_transformed_differently_are_refused() {
     let key = |stream| RngKey { seed: 1, stream };
     let run = |qa: &OperandQuant, qb: &OperandQuant, ka, kb, out: &mut [f32]| {
         quantized_matmul_tn(
-            Operand::new(&a, k, m, Usage::Columnwise, qa).with_key(key(ka)),
-            Operand::new(&b, k, n, Usage::Columnwise, qb).with_key(key(kb)),
+            op_key(&a, k, m, Usage::Columnwise, qa, key(ka)),
+            op_key(&b, k, n, Usage::Columnwise, qb, key(kb)),
             out,
         )
     };

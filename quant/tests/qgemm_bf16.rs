@@ -2,9 +2,12 @@
 //! values, within the bound derived in docs/numerics.md#the-bf16-gemm, on training shapes and
 //! on edge data (zero blocks, tiny and huge block scales, subnormal products).
 
+mod common;
+use common::*;
+
 use fp_formats::mx::{MxElement, ScaleRule};
-use quant::qgemm::{quantized_matmul_tn, Operand};
-use quant::{fake, Fp8Element, GemmPolicy, OperandQuant, QuantState, RngKey, Usage};
+use quant::qgemm::quantized_matmul_tn;
+use quant::{Fp8Element, GemmPolicy, OperandQuant, RngKey, Usage};
 
 fn data(n: usize, seed: u64) -> Vec<f32> {
     let mut s = seed;
@@ -41,24 +44,14 @@ fn check(qa: &OperandQuant, qb: &OperandQuant, dims: (usize, usize, usize), scal
     let key = RngKey { seed: 3, stream: 4 };
     let quant = |x: &[f32], rows: usize, q: &OperandQuant| {
         let mut buf = vec![0.0f32; rows * k];
-        let f = fake::fake_quantize_into(
-            x,
-            rows,
-            k,
-            Usage::Rowwise,
-            q,
-            key,
-            &mut QuantState::new(),
-            &mut buf,
-        )
-        .unwrap();
+        let f = fake_quantize_into(x, rows, k, Usage::Rowwise, q, key, &mut buf).unwrap();
         (buf, f)
     };
     let ((fa, sa), (fb, sb)) = (quant(&a, m, qa), quant(&b, n, qb));
     let mut got = vec![f32::NAN; m * n];
     quantized_matmul_tn(
-        Operand::new(&a, m, k, Usage::Rowwise, qa).with_key(key),
-        Operand::new(&b, n, k, Usage::Rowwise, qb).with_key(key),
+        op_key(&a, m, k, Usage::Rowwise, qa, key),
+        op_key(&b, n, k, Usage::Rowwise, qb, key),
         &mut got,
     )
     .unwrap();

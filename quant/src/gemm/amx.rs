@@ -49,53 +49,79 @@ impl Drop for TileConfig {
     }
 }
 
-/// The 32 x 32 block `C = Σ_t A(·, t) · B(·, t)` over `kc` chunks: `a` points at two runs of
-/// `kc` packed A tiles (tile `(i, t)` at `(i · kc + t) · 512` BF16), `b` likewise for B; tile
-/// `(i, j)` of C is stored at `c + 16 i · ldc + 16 j` (f32 elements, row stride `ldc`).
+/// The 32 x 32 block `C (+)= Σ_t A(·, t) · B(·, t)` over `chunks` chunks: `a` points at the
+/// first of two runs of packed A tiles `run` tiles apart (tile `(i, t)` at `(i · run + t) ·
+/// 512` BF16), `b` likewise for B; tile `(i, j)` of C is at `c + 16 i · ldc + 16 j` (f32
+/// elements, row stride `ldc`). With `acc` the tiles start from C's values (loaded), else
+/// from zero; either way they are stored back at the end.
 ///
 /// # Safety
 /// AMX-BF16 must be usable and a [`TileConfig`] loaded on this thread; `a` and `b` must be
-/// valid for `2 · kc · 512` BF16 reads, `c` for writes of 32 rows of 32 f32 at stride `ldc`;
-/// `kc >= 1`.
-pub(super) unsafe fn block_2x2(a: *const u16, b: *const u16, kc: usize, c: *mut f32, ldc: usize) {
-    let run = kc * 1024; // bytes per run of kc tiles
+/// valid for `(run + chunks) · 512` BF16 reads, `c` for reads and writes of 32 rows of 32
+/// f32 at stride `ldc`; `chunks >= 1`.
+pub(super) unsafe fn block_2x2(
+    a: *const u16,
+    b: *const u16,
+    run: usize,
+    chunks: usize,
+    c: *mut f32,
+    ldc: usize,
+    acc: bool,
+) {
+    let run = run * 1024; // bytes from one run of tiles to the other
     let ldc_bytes = ldc * 4;
     let c_low = c.add(16 * ldc); // tiles (1, 0) and (1, 1)
-    asm!(
-        "tilezero tmm0",
-        "tilezero tmm1",
-        "tilezero tmm2",
-        "tilezero tmm3",
-        "2:",
-        "tileloadd tmm4, [{a0} + {s}*1]",
-        "tileloadd tmm5, [{a1} + {s}*1]",
-        "tileloadd tmm6, [{b0} + {s}*1]",
-        "tileloadd tmm7, [{b1} + {s}*1]",
-        "tdpbf16ps tmm0, tmm4, tmm6",
-        "tdpbf16ps tmm1, tmm4, tmm7",
-        "tdpbf16ps tmm2, tmm5, tmm6",
-        "tdpbf16ps tmm3, tmm5, tmm7",
-        "add {a0}, 1024",
-        "add {a1}, 1024",
-        "add {b0}, 1024",
-        "add {b1}, 1024",
-        "dec {n}",
-        "jnz 2b",
-        "tilestored [{c} + {ldc}*1], tmm0",
-        "tilestored [{c} + {ldc}*1 + 64], tmm1",
-        "tilestored [{cl} + {ldc}*1], tmm2",
-        "tilestored [{cl} + {ldc}*1 + 64], tmm3",
-        a0 = inout(reg) a => _,
-        a1 = inout(reg) a.cast::<u8>().add(run) => _,
-        b0 = inout(reg) b => _,
-        b1 = inout(reg) b.cast::<u8>().add(run) => _,
-        n = inout(reg) kc => _,
-        c = in(reg) c,
-        cl = in(reg) c_low,
-        ldc = in(reg) ldc_bytes,
-        s = in(reg) 64usize,
-        options(nostack),
-    );
+    macro_rules! kernel {
+        ($($init:literal),*) => {
+            asm!(
+                $($init,)*
+                "2:",
+                "tileloadd tmm4, [{a0} + {s}*1]",
+                "tileloadd tmm5, [{a1} + {s}*1]",
+                "tileloadd tmm6, [{b0} + {s}*1]",
+                "tileloadd tmm7, [{b1} + {s}*1]",
+                "tdpbf16ps tmm0, tmm4, tmm6",
+                "tdpbf16ps tmm1, tmm4, tmm7",
+                "tdpbf16ps tmm2, tmm5, tmm6",
+                "tdpbf16ps tmm3, tmm5, tmm7",
+                "add {a0}, 1024",
+                "add {a1}, 1024",
+                "add {b0}, 1024",
+                "add {b1}, 1024",
+                "dec {n}",
+                "jnz 2b",
+                "tilestored [{c} + {ldc}*1], tmm0",
+                "tilestored [{c} + {ldc}*1 + 64], tmm1",
+                "tilestored [{cl} + {ldc}*1], tmm2",
+                "tilestored [{cl} + {ldc}*1 + 64], tmm3",
+                a0 = inout(reg) a => _,
+                a1 = inout(reg) a.cast::<u8>().add(run) => _,
+                b0 = inout(reg) b => _,
+                b1 = inout(reg) b.cast::<u8>().add(run) => _,
+                n = inout(reg) chunks => _,
+                c = in(reg) c,
+                cl = in(reg) c_low,
+                ldc = in(reg) ldc_bytes,
+                s = in(reg) 64usize,
+                options(nostack),
+            )
+        };
+    }
+    if acc {
+        kernel!(
+            "tileloadd tmm0, [{c} + {ldc}*1]",
+            "tileloadd tmm1, [{c} + {ldc}*1 + 64]",
+            "tileloadd tmm2, [{cl} + {ldc}*1]",
+            "tileloadd tmm3, [{cl} + {ldc}*1 + 64]"
+        );
+    } else {
+        kernel!(
+            "tilezero tmm0",
+            "tilezero tmm1",
+            "tilezero tmm2",
+            "tilezero tmm3"
+        );
+    }
 }
 
 /// `iters` rounds of four independent `tdpbf16ps` on zeroed tiles (the peak probe).

@@ -38,6 +38,8 @@ const TILE_ELEMS: usize = TILE * CHUNK;
 const TILE_WORDS: usize = TILE_ELEMS / 2;
 /// Rows and columns of the output block one kernel call computes (2 x 2 tiles).
 const BLOCK: usize = 2 * TILE;
+/// Chunks of K per slab (see `gemm`): 16 KiB of tiles per 32-row or 32-column block.
+const KBLOCK: usize = 16;
 
 /// `x` rounded to BF16 (nearest even; NaN stays a quiet NaN), as bits.
 #[inline(always)]
@@ -171,63 +173,97 @@ fn gemm(amx: bool, a: MatRef<'_>, b: MatRef<'_>, out: &mut [f32], ws: &mut Bf16W
     pack_a(a, kc, mb * 2, &mut ws.a);
     pack_b(b, kc, nb * 2, &mut ws.b);
     let (pa, pb) = (&ws.a[..], &ws.b[..]);
-    // One task per 32-row block of the output: its rows are written by it alone.
-    out.par_chunks_mut(BLOCK * n)
+    // Each task owns a group of 32-row blocks of the output (written by it alone) and runs
+    // over K in slabs of KBLOCK chunks, all its blocks per slab, so that the slab of B's tiles
+    // is reused from the cache by every block of the group. An output element still takes its
+    // chunks in order (the tiles are stored and reloaded exactly between slabs), so its bits
+    // do not depend on the grouping, the slab size or the thread count.
+    let group = mb.div_ceil(2 * rayon::current_num_threads()).max(1);
+    out.par_chunks_mut(group * BLOCK * n)
         .enumerate()
-        .for_each(|(ib, rows)| {
-            let a_blk = &pa[ib * 2 * kc * TILE_WORDS..][..2 * kc * TILE_WORDS];
+        .for_each(|(g, rows)| {
             let mut c = [0.0f32; BLOCK * BLOCK];
-            let m_here = rows.len() / n;
             #[cfg(target_arch = "x86_64")]
             let _cfg = amx.then(super::amx::TileConfig::load);
-            for jb in 0..nb {
-                let b_blk = &pb[jb * 2 * kc * TILE_WORDS..][..2 * kc * TILE_WORDS];
-                let n_here = (n - jb * BLOCK).min(BLOCK);
-                if m_here == BLOCK && n_here == BLOCK {
-                    // a whole block: straight into the output rows
-                    block(amx, a_blk, b_blk, kc, &mut rows[jb * BLOCK..], n);
-                } else {
-                    block(amx, a_blk, b_blk, kc, &mut c, BLOCK);
-                    for r in 0..m_here {
-                        rows[r * n + jb * BLOCK..][..n_here]
-                            .copy_from_slice(&c[r * BLOCK..][..n_here]);
+            for k0 in (0..kc).step_by(KBLOCK) {
+                let kn = (kc - k0).min(KBLOCK);
+                let acc = k0 > 0;
+                for (bi, rows) in rows.chunks_mut(BLOCK * n).enumerate() {
+                    let ib = g * group + bi;
+                    let a_blk = &pa[(ib * 2 * kc + k0) * TILE_WORDS..][..(kc + kn) * TILE_WORDS];
+                    let m_here = rows.len() / n;
+                    for jb in 0..nb {
+                        let b_blk =
+                            &pb[(jb * 2 * kc + k0) * TILE_WORDS..][..(kc + kn) * TILE_WORDS];
+                        let n_here = (n - jb * BLOCK).min(BLOCK);
+                        let tiles = (a_blk, b_blk, kc, kn);
+                        if m_here == BLOCK && n_here == BLOCK {
+                            // a whole block: straight into the output rows
+                            block(amx, tiles, acc, &mut rows[jb * BLOCK..], n);
+                        } else {
+                            if acc {
+                                for r in 0..m_here {
+                                    c[r * BLOCK..][..n_here]
+                                        .copy_from_slice(&rows[r * n + jb * BLOCK..][..n_here]);
+                                }
+                            }
+                            block(amx, tiles, acc, &mut c, BLOCK);
+                            for r in 0..m_here {
+                                rows[r * n + jb * BLOCK..][..n_here]
+                                    .copy_from_slice(&c[r * BLOCK..][..n_here]);
+                            }
+                        }
                     }
                 }
             }
         });
 }
 
-/// One 32 x 32 output block over all chunks, written to `c` with row stride `ldc` (tile
-/// `(i, j)`: rows `16i ..`, columns `16j ..`). `c` must hold `31 · ldc + 32` elements.
+/// One 32 x 32 output block over `chunks` chunks of `(a, b, run, chunks)` (two runs of
+/// tiles `run` apart in each operand, see [`super::amx::block_2x2`]), accumulated into `c`
+/// (row stride `ldc`; tile `(i, j)`: rows `16i ..`, columns `16j ..`) when `acc`, written
+/// over it otherwise. `c` must hold `31 · ldc + 32` elements.
 #[inline]
-fn block(amx: bool, a: &[u32], b: &[u32], kc: usize, c: &mut [f32], ldc: usize) {
+fn block(
+    amx: bool,
+    (a, b, run, chunks): (&[u32], &[u32], usize, usize),
+    acc: bool,
+    c: &mut [f32],
+    ldc: usize,
+) {
     assert!(ldc >= BLOCK && c.len() >= (BLOCK - 1) * ldc + BLOCK);
+    assert!(chunks >= 1 && a.len() >= (run + chunks) * TILE_WORDS);
+    assert!(b.len() >= (run + chunks) * TILE_WORDS);
     #[cfg(target_arch = "x86_64")]
     if amx {
         // SAFETY: `amx` comes from `has_amx_bf16` (CPU support and OS permission), the
         // caller loaded the tile configuration on this thread, `a` and `b` hold two runs of
-        // `kc` packed tiles each (checked by the caller's slicing), and `c` holds the 32 x 32
-        // block at stride `ldc` (asserted above).
+        // `chunks` packed tiles `run` apart and `c` the 32 x 32 block at stride `ldc`
+        // (asserted above).
         unsafe {
             super::amx::block_2x2(
                 a.as_ptr().cast(),
                 b.as_ptr().cast(),
-                kc,
+                run,
+                chunks,
                 c.as_mut_ptr(),
                 ldc,
+                acc,
             )
         };
         return;
     }
     let _ = amx;
-    for r in 0..BLOCK {
-        c[r * ldc..][..BLOCK].fill(0.0);
+    if !acc {
+        for r in 0..BLOCK {
+            c[r * ldc..][..BLOCK].fill(0.0);
+        }
     }
-    for t in 0..kc {
+    for t in 0..chunks {
         for i in 0..2 {
-            let at = bytemuck::cast_slice(&a[(i * kc + t) * TILE_WORDS..][..TILE_WORDS]);
+            let at = bytemuck::cast_slice(&a[(i * run + t) * TILE_WORDS..][..TILE_WORDS]);
             for j in 0..2 {
-                let bt = bytemuck::cast_slice(&b[(j * kc + t) * TILE_WORDS..][..TILE_WORDS]);
+                let bt = bytemuck::cast_slice(&b[(j * run + t) * TILE_WORDS..][..TILE_WORDS]);
                 tile_portable(&mut c[i * TILE * ldc + j * TILE..], ldc, at, bt);
             }
         }
