@@ -17,7 +17,7 @@ mod kernel_checks;
 use autograd::backend::{Backend, DeviceBackend, KernelBackend};
 use kernel_checks as k;
 use kernels_cuda::emu::{Emu, EmuError};
-use quant::{OperandQuant, RngKey, Usage};
+use quant::{OperandQuant, QuantizerBackend, RngKey, Usage};
 
 fn emu(test: &str) -> Option<KernelBackend<&'static Emu>> {
     match Emu::shared() {
@@ -82,6 +82,13 @@ fn tiny_model_graph_step_on_device_matches_cpu() {
 }
 
 #[test]
+fn layout_ops_are_bit_exact() {
+    if let Some(d) = emu_device("layout_ops_are_bit_exact") {
+        k::layout_ops_are_bit_exact(&d);
+    }
+}
+
+#[test]
 fn device_graph_boundary() {
     if let Some(d) = emu_device("device_graph_boundary") {
         k::device_graph_boundary(&d);
@@ -101,13 +108,15 @@ fn emu_nvfp4(
     key: RngKey,
 ) -> Vec<f32> {
     let e = Emu::shared().unwrap();
-    let t = e.quantize_nvfp4(x, rows, cols, usage, q, key).unwrap();
+    let qz = quant::Quantizer::new(*q, usage).unwrap().with_key(key);
+    let m = quant::MatRef::new(x, rows, cols).unwrap();
+    let t = e.quantize(&qz, m, &mut quant::QuantState::new()).unwrap();
     let cpu = k::cpu_quantizer(x, rows, cols, usage, q, key);
     assert_eq!(
         t, cpu,
         "NVFP4 operand {rows}x{cols} {usage:?} {key:?}: emulated kernels vs quant"
     );
-    let deq = e.dequantize_nvfp4(&t).unwrap();
+    let deq = e.dequantize(&t).unwrap();
     k::same_bits("dequantized NVFP4 operand", &deq, &cpu.dequantize());
     deq
 }

@@ -88,3 +88,33 @@ extern "C" __global__ void __launch_bounds__(256) nb_sum_f64_finish(const double
   for (u64 c = 0; c < nparts; ++c) s += part[c];
   out[0] = (float)(s * factor);
 }
+
+// Layout copies of autograd's shape ops (shape_ops.rs): pure copies or f32 adds, so the same
+// bits as the CPU.
+// out[i] (+)= src[i0*s0 + i1*s1 + i2*s2 + i3*s3] for the output index i = ((i0*o1 + i1)*o2 +
+// i2)*o3 + i3: a 4-D axis permutation with the source strides s permuted to output order
+// (`swap_axes`, its backward with the inverse permutation).
+extern "C" __global__ void __launch_bounds__(256) nb_permute4(const float* src, u64 o1, u64 o2, u64 o3, u64 s0,
+                                                              u64 s1, u64 s2, u64 s3, u64 n, int acc, float* out) {
+  NB_GRID_STRIDE(i, n) {
+    const u64 i3 = i % o3, r = i / o3;
+    const u64 i2 = r % o2, r2 = r / o2;
+    const u64 i1 = r2 % o1, i0 = r2 / o1;
+    store_acc(out + i, acc, src[i0 * s0 + i1 * s1 + i2 * s2 + i3 * s3]);
+  }
+}
+
+// out[r, j] = src[r*c + off + j] for j < s (`split`'s forward), n = rows * s.
+extern "C" __global__ void __launch_bounds__(256) nb_cols_get(const float* src, u64 c, u64 off, u64 s, u64 n,
+                                                              float* out) {
+  NB_GRID_STRIDE(i, n) { out[i] = src[(i / s) * c + off + i % s]; }
+}
+
+// dst[r*c + off + j] += src[r, j] for j < s (`split`'s backward), n = rows * s.
+extern "C" __global__ void __launch_bounds__(256) nb_cols_add(const float* src, u64 c, u64 off, u64 s, u64 n,
+                                                              float* dst) {
+  NB_GRID_STRIDE(i, n) {
+    const u64 d = (i / s) * c + off + i % s;
+    dst[d] = __fadd_rn(dst[d], src[i]);
+  }
+}

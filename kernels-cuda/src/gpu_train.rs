@@ -60,6 +60,9 @@ const TRAIN_MODULES: [(Module, &[&str]); 9] = [
             "nb_sum_rows_finish",
             "nb_sum_f64_part",
             "nb_sum_f64_finish",
+            "nb_permute4",
+            "nb_cols_get",
+            "nb_cols_add",
         ],
     ),
     (

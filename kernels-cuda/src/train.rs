@@ -288,6 +288,85 @@ pub trait TrainOps: Launcher {
         unsafe { self.launch("nb_copy_or_add", (self.grid_stride_blocks(n), 1), &args) }
     }
 
+    /// `out (+)= src` seen as 4-D `dims` with axes `a` and `b` swapped (autograd's
+    /// `transpose` / `split_heads` / `merge_heads`; their backward is the same swap of the
+    /// output dims).
+    fn swap_axes(
+        &self,
+        src: &Self::Buf<f32>,
+        dims: [usize; 4],
+        a: usize,
+        b: usize,
+        out: (bool, &mut Self::Buf<f32>),
+    ) -> Result<()> {
+        let n = dims.iter().try_fold(1usize, |p, &d| p.checked_mul(d));
+        let n = n.ok_or_else(|| bad(format!("swap_axes: dims {dims:?} overflow")))?;
+        if a > 3 || b > 3 {
+            return Err(bad(format!("swap_axes: axes ({a}, {b}) out of range")));
+        }
+        same_len("swap_axes", "src", self.len(src), n)?;
+        same_len("swap_axes", "out", self.len(out.1), n)?;
+        if n == 0 {
+            return Ok(());
+        }
+        let mut st = [1usize; 4];
+        for i in (0..3).rev() {
+            st[i] = st[i + 1] * dims[i + 1];
+        }
+        let (mut od, mut os) = (dims, st);
+        od.swap(a, b);
+        os.swap(a, b);
+        let mut args = vec![Arg::Ptr(self.ptr(src))];
+        args.extend(od[1..].iter().chain(&os).map(|&v| Arg::U64(v as u64)));
+        args.extend([
+            Arg::U64(n as u64),
+            Arg::I32(out.0 as i32),
+            Arg::Ptr(self.ptr(out.1)),
+        ]);
+        // SAFETY: every source index is a permutation of 0..n; writes n elements.
+        unsafe { self.launch("nb_permute4", (self.grid_stride_blocks(n), 1), &args) }
+    }
+
+    /// Columns `off .. off + s` of the rows of `c` of `src` into `out` (`add == false`, `out`
+    /// is `[rows, s]`), or `src: [rows, s]` added into those columns of `out` (`add == true`):
+    /// autograd's `split` and its backward.
+    fn columns(
+        &self,
+        src: &Self::Buf<f32>,
+        c: usize,
+        off: usize,
+        s: usize,
+        add: bool,
+        out: &mut Self::Buf<f32>,
+    ) -> Result<()> {
+        let (full, part) = if add {
+            (self.len(out), self.len(src))
+        } else {
+            (self.len(src), self.len(out))
+        };
+        if c == 0 || full % c != 0 || off.checked_add(s).is_none_or(|e| e > c) {
+            return Err(bad(format!(
+                "columns: {off}..{off}+{s} of rows of {c} in {full} elements"
+            )));
+        }
+        let rows = full / c;
+        same_len("columns", "part", part, rows * s)?;
+        if part == 0 {
+            return Ok(());
+        }
+        let name = if add { "nb_cols_add" } else { "nb_cols_get" };
+        let args = [
+            Arg::Ptr(self.ptr(src)),
+            Arg::U64(c as u64),
+            Arg::U64(off as u64),
+            Arg::U64(s as u64),
+            Arg::U64(part as u64),
+            Arg::Ptr(self.ptr(out)),
+        ];
+        // SAFETY: indices stay within rows x c and rows x s.
+        unsafe { self.launch(name, (self.grid_stride_blocks(part), 1), &args) }
+    }
+
     /// `out (+)= (f32)(dy[0] · factor)` in every element (backward of `sum` / `mean`).
     fn fill_scaled(
         &self,

@@ -5,7 +5,7 @@ use quant::gemm::{sgemm, MatRef};
 use super::{Act, AdamWCoeffs, Backend, BackendError, NormKind, Out, Result};
 use crate::cpu::{sigmoid, store, sum_rows};
 use crate::ops::{
-    activation, attention, cross_entropy, elementwise, embedding, norm, reduce, rope,
+    activation, attention, cross_entropy, elementwise, embedding, norm, reduce, rope, shape_ops,
 };
 
 /// The CPU kernels of `ops/` (the reference every other backend is compared with).
@@ -19,6 +19,10 @@ fn check(op: &str, what: &str, got: usize, want: usize) -> Result<()> {
         )));
     }
     Ok(())
+}
+
+fn bad_arg(msg: String) -> BackendError {
+    BackendError::InvalidArgument(msg)
 }
 
 fn tiles(op: &str, n: usize, nb: usize) -> Result<()> {
@@ -117,6 +121,59 @@ impl Backend for CpuBackend {
         check("fill_scaled", "dy", dy.len(), 1)?;
         let v = (dy[0] as f64 * factor) as f32;
         out.1.iter_mut().for_each(|d| store(out.0, d, v));
+        Ok(())
+    }
+
+    fn swap_axes(
+        &self,
+        src: &Vec<f32>,
+        dims: [usize; 4],
+        a: usize,
+        b: usize,
+        out: Out<'_, Vec<f32>>,
+    ) -> Result<()> {
+        let n = dims.iter().try_fold(1usize, |p, &d| p.checked_mul(d));
+        let n = n.ok_or_else(|| bad_arg(format!("swap_axes: dims {dims:?} overflow")))?;
+        if a >= b || b > 3 {
+            return Err(bad_arg(format!("swap_axes: axes ({a}, {b})")));
+        }
+        check("swap_axes", "src", src.len(), n)?;
+        check("swap_axes", "out", out.1.len(), n)?;
+        shape_ops::cpu::swap_axes(src, dims, a, b, out.0, out.1);
+        Ok(())
+    }
+
+    fn columns(
+        &self,
+        src: &Vec<f32>,
+        c: usize,
+        off: usize,
+        s: usize,
+        add: bool,
+        out: &mut Vec<f32>,
+    ) -> Result<()> {
+        let (full, part) = if add {
+            (out.len(), src.len())
+        } else {
+            (src.len(), out.len())
+        };
+        if c == 0 || full % c != 0 || off.checked_add(s).is_none_or(|e| e > c) {
+            return Err(bad_arg(format!(
+                "columns: {off}..{off}+{s} of rows of {c} in {full} elements"
+            )));
+        }
+        check("columns", "part", part, full / c * s)?;
+        for r in 0..full / c {
+            let (wide, narrow) = (r * c + off..r * c + off + s, r * s..(r + 1) * s);
+            if add {
+                out[wide]
+                    .iter_mut()
+                    .zip(&src[narrow])
+                    .for_each(|(d, v)| *d += v);
+            } else {
+                out[narrow].copy_from_slice(&src[wide]);
+            }
+        }
         Ok(())
     }
 

@@ -118,6 +118,29 @@ impl<L: Launcher> Backend for KernelBackend<L> {
         Ok(self.dev.fill_scaled(dy, factor, out)?)
     }
 
+    fn swap_axes(
+        &self,
+        src: &Self::Buf,
+        dims: [usize; 4],
+        a: usize,
+        b: usize,
+        out: Out<'_, Self::Buf>,
+    ) -> Result<()> {
+        Ok(self.dev.swap_axes(src, dims, a, b, out)?)
+    }
+
+    fn columns(
+        &self,
+        src: &Self::Buf,
+        c: usize,
+        off: usize,
+        s: usize,
+        add: bool,
+        out: &mut Self::Buf,
+    ) -> Result<()> {
+        Ok(self.dev.columns(src, c, off, s, add, out)?)
+    }
+
     fn round_bf16(&self, x: &Self::Buf, out: &mut Self::Buf) -> Result<()> {
         Ok(self.dev.round_bf16(x, out)?)
     }

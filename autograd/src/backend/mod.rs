@@ -91,6 +91,28 @@ pub trait Backend {
     fn sum(&self, x: &Self::Buf, factor: f64, out: &mut Self::Buf) -> Result<()>;
     /// Backward of `sum` / `mean`: `out (+)= (f32)(dy[0] · factor)`.
     fn fill_scaled(&self, dy: &Self::Buf, factor: f64, out: Out<'_, Self::Buf>) -> Result<()>;
+    /// [`crate::Graph::transpose`] / `split_heads` / `merge_heads`: `out (+)= src` seen as 4-D
+    /// `dims` with axes `a < b` swapped.
+    fn swap_axes(
+        &self,
+        src: &Self::Buf,
+        dims: [usize; 4],
+        a: usize,
+        b: usize,
+        out: Out<'_, Self::Buf>,
+    ) -> Result<()>;
+    /// [`crate::Graph::split`]: columns `off .. off + s` of the rows of `c` of `src` into
+    /// `out: [rows, s]`, or (`add`, the backward) `src: [rows, s]` added into those columns of
+    /// `out`.
+    fn columns(
+        &self,
+        src: &Self::Buf,
+        c: usize,
+        off: usize,
+        s: usize,
+        add: bool,
+        out: &mut Self::Buf,
+    ) -> Result<()>;
     /// [`crate::Graph::round_bf16`].
     fn round_bf16(&self, x: &Self::Buf, out: &mut Self::Buf) -> Result<()>;
     /// GELU / SiLU forward.

@@ -4,7 +4,6 @@
 use crate::cpu::{for_rows, store};
 use crate::error::{arg_err, shape_err};
 use crate::graph::backward_fn;
-use crate::ops::device::no_kernel;
 use crate::{Graph, Result, Shape, Tensor, MAX_RANK};
 
 /// `dims` left-padded with ones to rank 4.
@@ -116,7 +115,7 @@ impl Graph<'_> {
             );
         }
         if self.dev.is_some() {
-            return no_kernel("split");
+            return self.dev_split(x, sizes, sx);
         }
         let rows = sx.rows();
         let mut outs = Vec::with_capacity(sizes.len());
@@ -174,10 +173,10 @@ impl Graph<'_> {
         b: usize,
         out_shape: Shape,
     ) -> Result<Tensor> {
-        if self.dev.is_some() {
-            return no_kernel("transpose / split_heads / merge_heads");
-        }
         let (a, b) = (a.min(b), a.max(b));
+        if self.dev.is_some() {
+            return self.dev_swap_axes(x, dims, (a, b), out_shape);
+        }
         let mut out = self.alloc(out_shape.numel());
         cpu::swap_axes(self.values().get(x), dims, a, b, false, out.as_mut_slice());
         let bw = self.needs_grad(&[x]).then(|| {

@@ -128,3 +128,68 @@ impl Graph<'_> {
 fn pass_through(x: Tensor) -> super::DevBackwardFn {
     dev_backward(move |ctx: &mut DevCtx<'_>, dy: &DBuf| ctx.accumulate(x, dy))
 }
+
+impl Graph<'_> {
+    /// `x` seen as 4-D `dims` with axes `a < b` swapped (`transpose`, `split_heads`,
+    /// `merge_heads`), as `out_shape`.
+    pub(crate) fn dev_swap_axes(
+        &mut self,
+        x: Tensor,
+        dims: [usize; 4],
+        (a, b): (usize, usize),
+        out_shape: Shape,
+    ) -> Result<Tensor> {
+        let be = self.be()?;
+        let mut out = be.zeros(out_shape.numel())?;
+        be.swap_axes(self.values().dev(x)?, dims, a, b, (false, &mut out))?;
+        let bw = self.needs_grad(&[x]).then(|| {
+            let mut od = dims;
+            od.swap(a, b);
+            dev_backward(move |ctx, dy| {
+                if let Some(mut g) = ctx.take(x)? {
+                    ctx.be.swap_axes(dy, od, a, b, g.out())?;
+                    ctx.put(x, g)?;
+                }
+                Ok(())
+            })
+        });
+        Ok(self.push_dev("transpose", out, out_shape, bw))
+    }
+
+    /// Consecutive parts of the last axis of `x` (sizes already checked to add up).
+    pub(crate) fn dev_split(
+        &mut self,
+        x: Tensor,
+        sizes: &[usize],
+        sx: Shape,
+    ) -> Result<Vec<Tensor>> {
+        let be = self.be()?;
+        let (rows, c) = (sx.rows(), sx.last());
+        let mut outs = Vec::with_capacity(sizes.len());
+        let mut off = 0;
+        for &s in sizes {
+            let shape = sx.with_last(s)?;
+            let mut out = be.zeros(rows * s)?;
+            if s > 0 {
+                be.columns(self.values().dev(x)?, c, off, s, false, &mut out)?;
+            }
+            let o = off;
+            let bw = self.needs_grad(&[x]).then(|| {
+                dev_backward(move |ctx, dy| {
+                    if let Some(mut g) = ctx.take(x)? {
+                        // a fresh gradient is zeroed device memory: adding is writing
+                        let (_, buf) = g.out();
+                        if s > 0 {
+                            ctx.be.columns(dy, c, o, s, true, buf)?;
+                        }
+                        ctx.put(x, g)?;
+                    }
+                    Ok(())
+                })
+            });
+            outs.push(self.push_dev("split", out, shape, bw));
+            off += s;
+        }
+        Ok(outs)
+    }
+}
