@@ -2,7 +2,7 @@
 //! aid): `cargo run --release -p autograd --example quant_parts -- [reps]`.
 //!
 //! For each operand of `GemmPolicy::nvfp4_paper()` (and BF16 for comparison): the fake
-//! quantization that the emulated GEMM runs (`quant::fake::fake_quantize_into`) on 1- and
+//! quantization that the emulated GEMM runs (`quant::Quantizer::fake_quantize_into`) on 1- and
 //! 2-thread rayon pools, as the minimum over `reps` runs, in ms and ns per element; then a
 //! memcpy of the same bytes, the f32 GEMM of the layer and the whole emulated Wgrad GEMM
 //! (`quant::qgemm::quantized_matmul_tn`) in FP32 and NVFP4. Environment: `COLD=1` evicts the
@@ -12,14 +12,14 @@
 //! FP8 rows those of `GemmPolicy::fp8_current_hybrid()` (the `fp8-current` recipe: E4M3 X and
 //! W, E5M2 dY, current scaling; "col" is the stored layout, the emulated GEMM's columnwise
 //! operand is the rowwise cast read through a transposed view), a delayed-scaling and a
-//! stochastic-rounding case, and the codes path (`fake::quantize`, "codes" rows).
+//! stochastic-rounding case, and the codes path (`Quantizer::quantize`, "codes" rows).
 use std::time::Instant;
 
 use fp_formats::mx::{MxElement, ScaleRule};
 use quant::gemm::{sgemm, MatRef};
 use quant::qgemm::{quantized_matmul_tn, Operand};
 use quant::{
-    fake, AmaxAlgo, Fp8Element, Fp8Scaling, GemmPolicy, OperandQuant, QuantFormat, QuantState,
+    AmaxAlgo, Fp8Element, Fp8Scaling, GemmPolicy, OperandQuant, QuantFormat, QuantState, Quantizer,
     RngKey, RoundingMode, Usage,
 };
 
@@ -116,22 +116,14 @@ fn main() {
                 let mut out = vec![0.0f32; n];
                 let mut st = QuantState::new();
                 let codes = name.contains("codes");
+                let qz = Quantizer::new(*q, *usage).unwrap().with_key(key);
+                let xm = MatRef::new(&x[..n], *r, *c).unwrap();
                 let s = best(reps, || {
                     if codes {
-                        let t = fake::quantize(&x[..n], *r, *c, *usage, q, key, &mut st).unwrap();
+                        let t = qz.quantize(xm, &mut st).unwrap();
                         std::hint::black_box(t);
                     } else {
-                        fake::fake_quantize_into(
-                            &x[..n],
-                            *r,
-                            *c,
-                            *usage,
-                            q,
-                            key,
-                            &mut st,
-                            &mut out,
-                        )
-                        .unwrap();
+                        qz.fake_quantize_into(xm, &mut st, &mut out).unwrap();
                     }
                 });
                 println!(
@@ -181,8 +173,18 @@ fn main() {
     ] {
         let s = best(reps, || {
             quantized_matmul_tn(
-                Operand::new(dy, t, h, Usage::Columnwise, &pol.wgrad.a).with_key(key),
-                Operand::new(xs, t, d, Usage::Columnwise, &pol.wgrad.b).with_key(key),
+                Operand::new(
+                    MatRef::new(dy, t, h).unwrap(),
+                    Quantizer::new(pol.wgrad.a, Usage::Columnwise)
+                        .unwrap()
+                        .with_key(key),
+                ),
+                Operand::new(
+                    MatRef::new(xs, t, d).unwrap(),
+                    Quantizer::new(pol.wgrad.b, Usage::Columnwise)
+                        .unwrap()
+                        .with_key(key),
+                ),
                 &mut dw,
             )
             .unwrap()

@@ -17,8 +17,8 @@ use optim::{AdamW, AdamWConfig, ParamGroup, ParamSpec};
 use quant::gemm::matmul_tn;
 use quant::qgemm::{quantized_matmul_tn, Operand};
 use quant::{
-    bf16, fp8, mx, nvfp4, BlockShape, Fp8Element, OperandQuant, QuantState, Rht, RngKey,
-    RoundingMode, Usage,
+    BlockShape, Fp8Element, MatRef, OperandQuant, QuantState, Quantizer, Rht, RngKey, RoundingMode,
+    Usage,
 };
 
 use crate::calibrate;
@@ -66,6 +66,18 @@ fn nvfp4_configs() -> Nvfp4Configs {
 }
 
 const KEY: RngKey = RngKey { seed: 1, stream: 2 };
+
+/// The quantizer for `q` and `usage` drawing from [`KEY`] (the suite's settings are valid).
+fn qz(q: &OperandQuant, usage: Usage) -> Quantizer {
+    Quantizer::new(*q, usage)
+        .expect("valid settings")
+        .with_key(KEY)
+}
+
+/// The `[rows, cols]` view of `x` (the suite's shapes match).
+fn mat(x: &[f32], rows: usize, cols: usize) -> MatRef<'_> {
+    MatRef::new(x, rows, cols).expect("shape")
+}
 
 /// Every quantizer the suite measures, by metric name (`crate/kernel`). One table serves the
 /// large-tensor cases, the in-cache cases and the callgrind runs.
@@ -163,39 +175,44 @@ impl Workspace {
             }),
             Box::new(move || {
                 p1.install(|| {
-                    black_box(nvfp4::quantize(x, rows, cols, Usage::Rowwise, &c.act, KEY).unwrap());
-                })
-            }),
-            Box::new(move || {
-                p1.install(|| {
                     black_box(
-                        nvfp4::quantize(x, rows, cols, Usage::Columnwise, &c.grad, KEY).unwrap(),
+                        qz(&c.act, Usage::Rowwise)
+                            .quantize(mat(x, rows, cols), &mut QuantState::new())
+                            .unwrap(),
                     );
                 })
             }),
             Box::new(move || {
                 p1.install(|| {
                     black_box(
-                        nvfp4::quantize(x, rows, cols, Usage::Rowwise, &c.weight, KEY).unwrap(),
+                        qz(&c.grad, Usage::Columnwise)
+                            .quantize(mat(x, rows, cols), &mut QuantState::new())
+                            .unwrap(),
                     );
                 })
             }),
             Box::new(move || {
                 p1.install(|| {
-                    nvfp4::fake_quantize_into(x, rows, cols, Usage::Columnwise, &c.grad, KEY, fake)
+                    black_box(
+                        qz(&c.weight, Usage::Rowwise)
+                            .quantize(mat(x, rows, cols), &mut QuantState::new())
+                            .unwrap(),
+                    );
+                })
+            }),
+            Box::new(move || {
+                p1.install(|| {
+                    qz(&c.grad, Usage::Columnwise)
+                        .fake_quantize_into(mat(x, rows, cols), &mut QuantState::new(), fake)
                         .unwrap();
                 })
             }),
             Box::new(move || {
                 p1.install(|| {
-                    black_box(mx::quantize(x, rows, cols, Usage::Rowwise, &mxq, KEY).unwrap());
-                })
-            }),
-            Box::new(move || {
-                p1.install(|| {
-                    let mut st = QuantState::new();
                     black_box(
-                        fp8::quantize(x, rows, cols, Usage::Rowwise, &fp8q, KEY, &mut st).unwrap(),
+                        qz(&mxq, Usage::Rowwise)
+                            .quantize(mat(x, rows, cols), &mut QuantState::new())
+                            .unwrap(),
                     );
                 })
             }),
@@ -203,13 +220,26 @@ impl Workspace {
                 p1.install(|| {
                     let mut st = QuantState::new();
                     black_box(
-                        fp8::quantize(x, rows, cols, Usage::Rowwise, &e5m2q, KEY, &mut st).unwrap(),
+                        qz(&fp8q, Usage::Rowwise)
+                            .quantize(mat(x, rows, cols), &mut st)
+                            .unwrap(),
                     );
                 })
             }),
             Box::new(move || {
                 p1.install(|| {
-                    bf16::fake_quantize_into(x, rows, cols, Usage::Rowwise, &bf16q, KEY, rounded)
+                    let mut st = QuantState::new();
+                    black_box(
+                        qz(&e5m2q, Usage::Rowwise)
+                            .quantize(mat(x, rows, cols), &mut st)
+                            .unwrap(),
+                    );
+                })
+            }),
+            Box::new(move || {
+                p1.install(|| {
+                    qz(&bf16q, Usage::Rowwise)
+                        .fake_quantize_into(mat(x, rows, cols), &mut QuantState::new(), rounded)
                         .unwrap();
                 })
             }),
@@ -346,12 +376,20 @@ fn thread_scaling(rounds: usize, rows: usize, cols: usize, out: &mut Vec<Metric>
     let c = nvfp4_configs();
     let row = |p: &rayon::ThreadPool| {
         p.install(|| {
-            black_box(nvfp4::quantize(&x, rows, cols, Usage::Rowwise, &c.act, KEY).unwrap());
+            black_box(
+                qz(&c.act, Usage::Rowwise)
+                    .quantize(mat(&x, rows, cols), &mut QuantState::new())
+                    .unwrap(),
+            );
         })
     };
     let col = |p: &rayon::ThreadPool| {
         p.install(|| {
-            black_box(nvfp4::quantize(&x, rows, cols, Usage::Columnwise, &c.grad, KEY).unwrap());
+            black_box(
+                qz(&c.grad, Usage::Columnwise)
+                    .quantize(mat(&x, rows, cols), &mut QuantState::new())
+                    .unwrap(),
+            );
         })
     };
     let mut cases = [
@@ -391,8 +429,8 @@ fn gemm(rounds: usize, out: &mut Vec<Metric>) -> Result<()> {
         Case::new("nvfp4", || {
             p1.install(|| {
                 quantized_matmul_tn(
-                    Operand::new(&x, m, k, Usage::Rowwise, &c.act),
-                    Operand::new(&w, n, k, Usage::Rowwise, &c.weight),
+                    Operand::new(mat(&x, m, k), qz(&c.act, Usage::Rowwise)),
+                    Operand::new(mat(&w, n, k), qz(&c.weight, Usage::Rowwise)),
                     black_box(&mut o2),
                 )
                 .unwrap()

@@ -20,7 +20,10 @@ use std::fmt::Write as _;
 use cudarc::driver::sys::CUevent_flags;
 use fp_formats::mx::{MxElement, ScaleRule};
 use kernels_cuda::{probe, DeviceQuantized, Gpu, GpuContext, QuantJob, Result};
-use quant::{BlockShape, Fp8Element, OperandQuant, QuantState, Rht, RngKey, RoundingMode};
+use quant::{
+    BlockShape, Fp8Element, OperandQuant, QuantState, Quantizer, QuantizerBackend, Rht, RngKey,
+    RoundingMode, Usage,
+};
 
 struct Args {
     json: Option<String>,
@@ -242,47 +245,53 @@ fn run(g: &GpuContext, args: &Args, r: &mut Report) -> Result<()> {
     let mx4 = OperandQuant::mx(MxElement::E2M1, ScaleRule::Rceil);
     let f8 = OperandQuant::fp8_current(Fp8Element::E4M3);
 
+    // Rowwise and columnwise quantizers of each setting, drawing from `key`.
+    let qz = |q: &OperandQuant, u: Usage| -> Result<Quantizer> {
+        Ok(Quantizer::new(*q, u)?.with_key(key))
+    };
+    let row = |q: &OperandQuant| qz(q, Usage::Rowwise);
+    let col = |q: &OperandQuant| qz(q, Usage::Columnwise);
     type Prep<'a> = Box<dyn Fn(&mut QuantState) -> Result<QuantJob<'a>> + 'a>;
     let jobs: Vec<(&str, Prep<'_>)> = vec![
         (
             "NVFP4 rowwise 1x16 RNE",
-            Box::new(|_| g.prepare_nvfp4(&x, Some((&nv, key)), None)),
+            Box::new(|s| g.prepare(&x, Some(&row(&nv)?), None, s)),
         ),
         (
             "NVFP4 rowwise 1x16 SR",
-            Box::new(|_| g.prepare_nvfp4(&x, Some((&nv_sr, key)), None)),
+            Box::new(|s| g.prepare(&x, Some(&row(&nv_sr)?), None, s)),
         ),
         (
             "NVFP4 columnwise 1x16 SR + RHT",
-            Box::new(|_| g.prepare_nvfp4(&x, None, Some((&nv_col, key)))),
+            Box::new(|s| g.prepare(&x, None, Some(&col(&nv_col)?), s)),
         ),
         (
             "NVFP4 cast+transpose (SR | SR + RHT)",
-            Box::new(|_| g.prepare_nvfp4(&x, Some((&nv_sr, key)), Some((&nv_col, key)))),
+            Box::new(|s| g.prepare(&x, Some(&row(&nv_sr)?), Some(&col(&nv_col)?), s)),
         ),
         (
             "NVFP4 cast+transpose 16x16 weights",
-            Box::new(|_| g.prepare_nvfp4(&x, Some((&w16, key)), Some((&w16, key)))),
+            Box::new(|s| g.prepare(&x, Some(&row(&w16)?), Some(&col(&w16)?), s)),
         ),
         (
             "MXFP8 rowwise RCEIL",
-            Box::new(|_| g.prepare_mx(&x, Some((&mx8, key)), None)),
+            Box::new(|s| g.prepare(&x, Some(&row(&mx8)?), None, s)),
         ),
         (
             "MXFP8 cast+transpose RCEIL",
-            Box::new(|_| g.prepare_mx(&x, Some((&mx8, key)), Some((&mx8, key)))),
+            Box::new(|s| g.prepare(&x, Some(&row(&mx8)?), Some(&col(&mx8)?), s)),
         ),
         (
             "MXFP4 rowwise RCEIL",
-            Box::new(|_| g.prepare_mx(&x, Some((&mx4, key)), None)),
+            Box::new(|s| g.prepare(&x, Some(&row(&mx4)?), None, s)),
         ),
         (
             "FP8 E4M3 rowwise (current scaling)",
-            Box::new(|s| g.prepare_fp8(&x, Some((&f8, key)), None, s)),
+            Box::new(|s| g.prepare(&x, Some(&row(&f8)?), None, s)),
         ),
         (
             "FP8 E4M3 cast+transpose",
-            Box::new(|s| g.prepare_fp8(&x, Some((&f8, key)), Some((&f8, key)), s)),
+            Box::new(|s| g.prepare(&x, Some(&row(&f8)?), Some(&col(&f8)?), s)),
         ),
     ];
     for (name, prep) in &jobs {
@@ -292,7 +301,7 @@ fn run(g: &GpuContext, args: &Args, r: &mut Report) -> Result<()> {
     drop(jobs);
 
     let res = (|| {
-        let t = g.quantize_nvfp4(&x, quant::Usage::Rowwise, &nv, key)?;
+        let t = g.quantize(&row(&nv)?, &x, st)?;
         let ms = time_ms(g, 20, || g.dequantize(&t).map(|_| ()))?;
         r.bandwidth("NVFP4 dequantize to f32", ms, out_bytes(&t) + in_bytes, "");
         Ok(())
@@ -320,8 +329,8 @@ fn run(g: &GpuContext, args: &Args, r: &mut Report) -> Result<()> {
     drop((ab, bb));
     let name = "FP8 E4M3 x E4M3 (cuBLASLt, per-tensor scales)";
     let res = (|| {
-        let fa = g.quantize_fp8(&a, quant::Usage::Rowwise, &f8, key, st)?;
-        let fb = g.quantize_fp8(&b, quant::Usage::Rowwise, &f8, key, st)?;
+        let fa = g.quantize(&row(&f8)?, &a, st)?;
+        let fb = g.quantize(&row(&f8)?, &b, st)?;
         let ms = time_ms(g, 10, || g.gemm_fp8(&fa, &fb).map(|_| ()))?;
         r.gemm(name, m, nn, k, ms);
         Ok(())
@@ -330,8 +339,8 @@ fn run(g: &GpuContext, args: &Args, r: &mut Report) -> Result<()> {
     for (fmt, q) in [("NVFP4", nv), ("MXFP8", mx8)] {
         let name = format!("{fmt} emulated (dequant to BF16 + BF16 GEMM)");
         let res = (|| {
-            let qa = g.quantize(&a, quant::Usage::Rowwise, &q, key, st)?;
-            let qb = g.quantize(&b, quant::Usage::Rowwise, &q, key, st)?;
+            let qa = g.quantize(&row(&q)?, &a, st)?;
+            let qb = g.quantize(&row(&q)?, &b, st)?;
             let ms = time_ms(g, 10, || g.gemm_emulated(&qa, &qb).map(|_| ()))?;
             r.gemm(&name, m, nn, k, ms);
             let (oa, _) = g.operand_bf16(&qa)?;

@@ -8,8 +8,8 @@ use cudarc::driver::DeviceRepr;
 use fp_formats::mx::{MxElement, ScaleRule};
 use fp_formats::nvfp4::GlobalScale;
 use quant::{
-    BlockShape, Fp8Element, Fp8Scaling, OperandQuant, QuantError, QuantFormat, QuantState, Rht,
-    RngKey, RoundingMode, Usage,
+    BlockShape, Fp8Element, Fp8Scaling, OperandQuant, QuantError, QuantFormat, QuantState,
+    Quantizer, RngKey, RoundingMode, Usage,
 };
 
 use crate::{KernelError, Result};
@@ -166,32 +166,29 @@ fn check_nonempty(x: Dims) -> Result<()> {
     Ok(())
 }
 
-fn nvfp4_side(x: Dims, usage: Usage, q: &OperandQuant, key: RngKey) -> Result<Side> {
+/// The settings and key of a quantizer given for the `usage` side of a plan (its settings
+/// were validated by [`Quantizer::new`]; this checks only that it was made for this side).
+fn side_of(qz: &Quantizer, usage: Usage) -> Result<(&OperandQuant, RngKey)> {
+    if qz.usage() != usage {
+        return Err(invalid(format!(
+            "a {:?} quantizer given for the {usage:?} copy",
+            qz.usage()
+        )));
+    }
+    Ok((qz.spec(), qz.key()))
+}
+
+fn nvfp4_side(x: Dims, usage: Usage, qz: &Quantizer) -> Result<Side> {
+    let (q, key) = side_of(qz, usage)?;
     let QuantFormat::Nvfp4 { four_over_six } = q.format else {
         return Err(invalid(format!(
             "nvfp4 quantizer called with format {:?}",
             q.format
         )));
     };
-    let tile = match q.block {
-        BlockShape::Row16 => false,
-        BlockShape::Tile16 => true,
-        BlockShape::Row32 => {
-            return Err(invalid("NVFP4 uses 1x16 blocks or 16x16 tiles, not 1x32"))
-        }
-    };
+    let tile = q.block == BlockShape::Tile16;
     let sr = q.rounding == RoundingMode::Stochastic;
-    if q.rht != Rht::Off && usage == Usage::Rowwise {
-        return Err(invalid(
-            "the Hadamard transform applies to columnwise usage only",
-        ));
-    }
     if four_over_six.is_some() {
-        if q.rht != Rht::Off || sr {
-            return Err(invalid(
-                "Four Over Six cannot be combined with RHT or stochastic rounding",
-            ));
-        }
         return Err(KernelError::Unsupported("NVFP4 Four Over Six".into()));
     }
     let (rows, cols) = stored_shape(x.rows, x.cols, usage);
@@ -222,12 +219,8 @@ fn nvfp4_side(x: Dims, usage: Usage, q: &OperandQuant, key: RngKey) -> Result<Si
     })
 }
 
-fn mx_side(
-    x: Dims,
-    usage: Usage,
-    q: &OperandQuant,
-    key: RngKey,
-) -> Result<(Side, MxElement, ScaleRule)> {
+fn mx_side(x: Dims, usage: Usage, qz: &Quantizer) -> Result<(Side, MxElement, ScaleRule)> {
+    let (q, key) = side_of(qz, usage)?;
     let QuantFormat::Mx {
         element,
         rule,
@@ -236,23 +229,7 @@ fn mx_side(
     else {
         return Err(invalid(format!("mx quantizer called with {:?}", q.format)));
     };
-    if q.block != BlockShape::Row32 {
-        return Err(invalid(format!(
-            "MX formats use 1x32 blocks (BlockShape::Row32), not {:?}",
-            q.block
-        )));
-    }
     let sr = q.rounding == RoundingMode::Stochastic;
-    if sr_prescale && !sr {
-        return Err(invalid(
-            "sr_prescale (Tseng et al.'s 3/4 prescaling) requires stochastic rounding",
-        ));
-    }
-    if q.rht != Rht::Off && usage != Usage::Columnwise {
-        return Err(invalid(
-            "the Hadamard transform applies to columnwise usage only",
-        ));
-    }
     if matches!(element, MxElement::E2M3 | MxElement::E3M2) {
         return Err(KernelError::Unsupported(
             "MXFP6 (E2M3 / E3M2) elements".into(),
@@ -286,20 +263,11 @@ fn mx_side(
     Ok((side, element, rule))
 }
 
-fn fp8_side(
-    x: Dims,
-    usage: Usage,
-    q: &OperandQuant,
-    key: RngKey,
-) -> Result<(Side, Fp8Element, Fp8Scaling)> {
+fn fp8_side(x: Dims, usage: Usage, qz: &Quantizer) -> Result<(Side, Fp8Element, Fp8Scaling)> {
+    let (q, key) = side_of(qz, usage)?;
     let QuantFormat::Fp8 { element, scaling } = q.format else {
         return Err(invalid(format!("fp8 quantizer called with {:?}", q.format)));
     };
-    if q.rht != Rht::Off {
-        return Err(invalid(
-            "the Hadamard transform is only supported for NVFP4 and MX",
-        ));
-    }
     let (rows, cols) = stored_shape(x.rows, x.cols, usage);
     let side = Side {
         usage,
@@ -481,17 +449,13 @@ impl Plan {
 
 /// Plans an NVFP4 quantization of the rowwise copy, the columnwise copy, or both (the fused
 /// cast+transpose).
-pub fn plan_nvfp4(
-    dims: Dims,
-    row: Option<(&OperandQuant, RngKey)>,
-    col: Option<(&OperandQuant, RngKey)>,
-) -> Result<Plan> {
+pub fn plan_nvfp4(dims: Dims, row: Option<&Quantizer>, col: Option<&Quantizer>) -> Result<Plan> {
     check_nonempty(dims)?;
     let row = row
-        .map(|(q, k)| nvfp4_side(dims, Usage::Rowwise, q, k))
+        .map(|q| nvfp4_side(dims, Usage::Rowwise, q))
         .transpose()?;
     let col = col
-        .map(|(q, k)| nvfp4_side(dims, Usage::Columnwise, q, k))
+        .map(|q| nvfp4_side(dims, Usage::Columnwise, q))
         .transpose()?;
     if row.is_none() && col.is_none() {
         return Err(invalid("nothing to quantize"));
@@ -534,17 +498,11 @@ pub fn plan_nvfp4(
 
 /// Plans an MX quantization (rowwise, columnwise or both; both copies must use the same
 /// element format and scale rule).
-pub fn plan_mx(
-    dims: Dims,
-    row: Option<(&OperandQuant, RngKey)>,
-    col: Option<(&OperandQuant, RngKey)>,
-) -> Result<Plan> {
+pub fn plan_mx(dims: Dims, row: Option<&Quantizer>, col: Option<&Quantizer>) -> Result<Plan> {
     check_nonempty(dims)?;
-    let row = row
-        .map(|(q, k)| mx_side(dims, Usage::Rowwise, q, k))
-        .transpose()?;
+    let row = row.map(|q| mx_side(dims, Usage::Rowwise, q)).transpose()?;
     let col = col
-        .map(|(q, k)| mx_side(dims, Usage::Columnwise, q, k))
+        .map(|q| mx_side(dims, Usage::Columnwise, q))
         .transpose()?;
     let (element, rule) = match (&row, &col) {
         (Some(r), Some(c)) if (r.1, r.2) != (c.1, c.2) => {
@@ -595,20 +553,48 @@ pub fn plan_mx(
     })
 }
 
+/// Plans a quantization of the rowwise copy (`row`, a rowwise [`Quantizer`]), the columnwise
+/// copy (`col`) or both (the fused cast+transpose; both of one format family): the one
+/// dispatch on the format. `state` is used by delayed FP8 scaling only.
+pub fn plan(
+    dims: Dims,
+    row: Option<&Quantizer>,
+    col: Option<&Quantizer>,
+    state: &mut QuantState,
+) -> Result<Plan> {
+    let Some(first) = row.or(col) else {
+        return Err(invalid("nothing to quantize"));
+    };
+    let family = |q: &Quantizer| std::mem::discriminant(&q.spec().format);
+    if row.zip(col).is_some_and(|(r, c)| family(r) != family(c)) {
+        return Err(KernelError::Unsupported(format!(
+            "a fused cast+transpose of {:?} and {:?}",
+            row.map(|q| q.spec().format),
+            col.map(|q| q.spec().format)
+        )));
+    }
+    match first.spec().format {
+        QuantFormat::Nvfp4 { .. } => plan_nvfp4(dims, row, col),
+        QuantFormat::Mx { .. } => plan_mx(dims, row, col),
+        QuantFormat::Fp8 { .. } => plan_fp8(dims, row, col, state),
+        f => Err(KernelError::Unsupported(format!(
+            "{f:?} operands are not quantized on the GPU"
+        ))),
+    }
+}
+
 /// Plans a per-tensor FP8 cast (rowwise, columnwise or both; both copies share the tensor's
 /// scale and must use the same format). Delayed scaling casts with `state.scale()`.
 pub fn plan_fp8(
     dims: Dims,
-    row: Option<(&OperandQuant, RngKey)>,
-    col: Option<(&OperandQuant, RngKey)>,
+    row: Option<&Quantizer>,
+    col: Option<&Quantizer>,
     state: &mut QuantState,
 ) -> Result<Plan> {
     check_nonempty(dims)?;
-    let row = row
-        .map(|(q, k)| fp8_side(dims, Usage::Rowwise, q, k))
-        .transpose()?;
+    let row = row.map(|q| fp8_side(dims, Usage::Rowwise, q)).transpose()?;
     let col = col
-        .map(|(q, k)| fp8_side(dims, Usage::Columnwise, q, k))
+        .map(|q| fp8_side(dims, Usage::Columnwise, q))
         .transpose()?;
     let (element, scaling) = match (&row, &col) {
         (Some(r), Some(c)) if r.0.format != c.0.format => {

@@ -186,49 +186,52 @@ impl Launcher for Emu {
     }
 }
 
-impl Emu {
-    /// One NVFP4 quantization of the `rows x cols` row-major `x` (its rowwise or columnwise
-    /// copy, per `usage`) through the emulated CUDA kernels (`nb_amax` or `nb_amax_rht_col`,
-    /// then `nb_nvfp4_quantize`), planned by [`abi::plan_nvfp4`](crate::abi::plan_nvfp4) as
-    /// on a GPU: the same codes, scales, amax and factor as `quant::nvfp4::quantize` with the
-    /// same quantizer and key.
-    ///
-    /// # Errors
-    /// The plan's errors (shape, quantizer settings) and [`KernelError::NonFinite`] for NaN
-    /// or ±Inf input.
-    ///
-    /// ```no_run
-    /// use kernels_cuda::emu::Emu;
-    /// use quant::{OperandQuant, RngKey, Usage};
-    /// let emu = Emu::shared().expect("a C++20 compiler");
-    /// let x: Vec<f32> = (0..64).map(|i| i as f32 / 7.0).collect();
-    /// let key = RngKey { seed: 1, stream: 2 };
-    /// let q = OperandQuant::nvfp4();
-    /// let t = emu.quantize_nvfp4(&x, 4, 16, Usage::Rowwise, &q, key)?;
-    /// assert_eq!(emu.dequantize_nvfp4(&t)?, t.dequantize());
-    /// # Ok::<(), kernels_cuda::KernelError>(())
-    /// ```
-    pub fn quantize_nvfp4(
+/// The emulated GPU quantizer behind `quant`'s one interface, for NVFP4 (the format whose
+/// whole training step the emulator checks; MX and FP8 are [`KernelError::Unsupported`]
+/// here): the emulated CUDA kernels (`nb_amax` or `nb_amax_rht_col`, then
+/// `nb_nvfp4_quantize`; `nb_nvfp4_dequantize`), planned by
+/// [`abi::plan`](crate::abi::plan) as on a GPU, on host buffers: the same codes, scales,
+/// amax and factor as [`quant::Quantizer::quantize`] with the same quantizer.
+///
+/// Errors: the view's and the plan's errors (shape, GPU limits), [`KernelError::NonFinite`]
+/// for NaN or ±Inf input, [`KernelError::Unsupported`] for a non-NVFP4 quantizer or tensor.
+///
+/// ```no_run
+/// use kernels_cuda::emu::Emu;
+/// use quant::{MatRef, OperandQuant, QuantState, Quantizer, QuantizerBackend, RngKey, Usage};
+/// let emu = Emu::shared().expect("a C++20 compiler");
+/// let x: Vec<f32> = (0..64).map(|i| i as f32 / 7.0).collect();
+/// let q = Quantizer::new(OperandQuant::nvfp4(), Usage::Rowwise)?.with_key(RngKey { seed: 1, stream: 2 });
+/// let t = emu.quantize(&q, MatRef::new(&x, 4, 16)?, &mut QuantState::new())?;
+/// assert_eq!(emu.dequantize(&t)?, t.dequantize());
+/// # Ok::<(), kernels_cuda::KernelError>(())
+/// ```
+impl quant::QuantizerBackend for Emu {
+    type Source<'a> = quant::MatRef<'a>;
+    type Quantized = quant::QuantizedTensor;
+    type Values = Vec<f32>;
+    type Error = KernelError;
+
+    fn quantize(
         &self,
-        x: &[f32],
-        rows: usize,
-        cols: usize,
-        usage: quant::Usage,
-        q: &quant::OperandQuant,
-        key: quant::RngKey,
+        q: &quant::Quantizer,
+        x: quant::MatRef<'_>,
+        state: &mut quant::QuantState,
     ) -> Result<quant::QuantizedTensor> {
         use crate::abi::{self, AmaxPass, Args, Dims, OutPtrs};
-        if rows.checked_mul(cols) != Some(x.len()) {
+        let (rows, cols) = (x.rows, x.cols);
+        let x = x.contiguous()?;
+        if !matches!(q.spec().format, quant::QuantFormat::Nvfp4 { .. }) {
             return Err(KernelError::Unsupported(format!(
-                "quantize_nvfp4: {} values for a {rows} x {cols} input",
-                x.len()
+                "the emulated quantizer runs NVFP4 only, not {:?}",
+                q.spec().format
             )));
         }
         let dims = Dims { rows, cols };
-        let side = Some((q, key));
+        let usage = q.usage();
         let mut plan = match usage {
-            quant::Usage::Rowwise => abi::plan_nvfp4(dims, side, None),
-            quant::Usage::Columnwise => abi::plan_nvfp4(dims, None, side),
+            quant::Usage::Rowwise => abi::plan(dims, Some(q), None, state),
+            quant::Usage::Columnwise => abi::plan(dims, None, Some(q), state),
         }?;
         let s = plan.row.or(plan.col).expect("one side planned");
         let (mut codes, mut scales) = (vec![0u8; s.codes_len], vec![0u8; s.scale_len]);
@@ -302,13 +305,7 @@ impl Emu {
         })
     }
 
-    /// The values of an NVFP4 tensor in its stored layout (`t.rows x t.cols`, factor
-    /// applied) through the emulated `nb_nvfp4_dequantize`: bit for bit
-    /// `QuantizedTensor::dequantize`.
-    ///
-    /// # Errors
-    /// [`KernelError::Unsupported`] for another format or buffers that do not match the shape.
-    pub fn dequantize_nvfp4(&self, t: &quant::QuantizedTensor) -> Result<Vec<f32>> {
+    fn dequantize(&self, t: &quant::QuantizedTensor) -> Result<Vec<f32>> {
         let pairs = t.padded_cols / 2;
         if !matches!(t.format, quant::QuantFormat::Nvfp4 { .. })
             || t.cols > t.padded_cols
@@ -316,7 +313,7 @@ impl Emu {
             || t.scales.len() < t.rows * t.padded_cols.div_ceil(16)
         {
             return Err(KernelError::Unsupported(format!(
-                "dequantize_nvfp4: not an NVFP4 tensor of its shape ({:?}, {} x {})",
+                "dequantize: not an NVFP4 tensor of its shape ({:?}, {} x {})",
                 t.format, t.rows, t.cols
             )));
         }

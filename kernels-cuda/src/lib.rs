@@ -21,21 +21,23 @@
 //! * **Probe** ([`probe`]): [`Gpu::Unavailable`] with a reason on machines without a driver
 //!   or device (CI), never a panic.
 //!
-//! Every quantizer takes the same inputs as its `quant` counterpart (a row-major f32 tensor,
-//! a [`quant::Usage`], a [`quant::OperandQuant`], a [`quant::RngKey`]) and produces a
+//! The quantizers implement `quant`'s one interface, [`quant::QuantizerBackend`], for
+//! [`GpuContext`]: the same validated [`quant::Quantizer`] (settings, usage, random key; no
+//! validation of their own beyond the GPU's limits) over a [`DeviceMatrix`], producing a
 //! [`DeviceQuantized`] whose [`DeviceQuantized::to_host`] is a [`quant::QuantizedTensor`]
-//! with the same layout; the GPU tests compare them byte for byte.
+//! with the same layout; the GPU tests compare them byte for byte. The emulator
+//! (`emu::Emu`, feature `emu`) implements it for NVFP4 on host buffers.
 //!
 //! ```no_run
 //! use kernels_cuda::{probe, Gpu, GpuContext};
-//! use quant::{OperandQuant, RngKey, Usage};
+//! use quant::{MatRef, OperandQuant, QuantState, Quantizer, QuantizerBackend, Usage};
 //! let Gpu::Ready(ctx) = probe() else { return };
 //! let gpu = GpuContext::new(ctx).unwrap();
 //! let x: Vec<f32> = (0..256 * 512).map(|i| (i as f32 * 0.01).sin()).collect();
 //! let dx = gpu.upload(&x, 256, 512).unwrap();
-//! let q = OperandQuant::nvfp4();
-//! let t = gpu.quantize_nvfp4(&dx, Usage::Rowwise, &q, RngKey::default()).unwrap();
-//! let cpu = quant::nvfp4::quantize(&x, 256, 512, Usage::Rowwise, &q, RngKey::default()).unwrap();
+//! let q = Quantizer::new(OperandQuant::nvfp4(), Usage::Rowwise).unwrap();
+//! let t = gpu.quantize(&q, &dx, &mut QuantState::new()).unwrap();
+//! let cpu = q.quantize(MatRef::new(&x, 256, 512).unwrap(), &mut QuantState::new()).unwrap();
 //! assert_eq!(t.to_host().unwrap(), cpu);
 //! ```
 #![warn(missing_docs)]

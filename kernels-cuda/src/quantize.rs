@@ -1,14 +1,17 @@
-//! The quantizers: one safe function per `quant` quantizer, with the same inputs and a
-//! [`DeviceQuantized`] output in `quant::QuantizedTensor`'s layout.
+//! The GPU implementation of `quant`'s one quantizer interface ([`QuantizerBackend`] for
+//! [`GpuContext`]): the same validated [`Quantizer`], a [`DeviceQuantized`] output in
+//! `quant::QuantizedTensor`'s layout.
 //!
-//! Each quantization is a [`QuantJob`]: validation and output allocation, then
+//! Each quantization is a [`QuantJob`]: planning and output allocation, then
 //! [`QuantJob::launch`] (the amax pass and the quantization kernel, asynchronous; may be
 //! repeated, e.g. for timing), then [`QuantJob::finish`] (one small device-to-host copy of the
-//! amax / scale, the non-finite check, and the result). The `quantize_*` functions do all
-//! three.
+//! amax / scale, the non-finite check, and the result). [`QuantizerBackend::quantize`] and
+//! [`GpuContext::cast_transpose`] do all three.
 
 use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut, LaunchConfig, PushKernelArg};
-use quant::{BlockShape, OperandQuant, QuantFormat, QuantState, QuantizedTensor, RngKey, Usage};
+use quant::{
+    BlockShape, QuantFormat, QuantState, QuantizedTensor, Quantizer, QuantizerBackend, Usage,
+};
 
 use crate::abi::{self, AmaxPass, Args, Dims, OutPtrs, Plan, Side};
 use crate::gpu::{grid_stride_cfg, to_i32, DeviceMatrix, GpuContext, THREADS};
@@ -170,144 +173,43 @@ impl GpuContext {
         })
     }
 
-    /// Prepares an NVFP4 quantization of the rowwise copy, the columnwise copy, or both (the
-    /// fused cast+transpose). See [`quant::nvfp4::quantize`] for the semantics.
-    pub fn prepare_nvfp4<'a>(
+    /// Prepares a quantization of the rowwise copy (`row`, a rowwise [`Quantizer`]), the
+    /// columnwise copy (`col`, a columnwise one) or both (the fused cast+transpose, one read
+    /// of the input; both of one format family, and for MX and FP8 of the same element
+    /// format). The settings were validated by [`Quantizer::new`]; the plan adds the GPU's
+    /// own limits ([`KernelError::Unsupported`]: F32 / BF16, Four Over Six, MXFP6, empty or
+    /// oversized tensors). Delayed FP8 scaling casts with `state.scale()`;
+    /// [`QuantJob::finish_fp8`] records the amax in `state`.
+    pub fn prepare<'a>(
         &'a self,
         x: &'a DeviceMatrix,
-        row: Option<(&OperandQuant, RngKey)>,
-        col: Option<(&OperandQuant, RngKey)>,
-    ) -> Result<QuantJob<'a>> {
-        self.job(x, abi::plan_nvfp4(dims(x), row, col)?)
-    }
-
-    /// Prepares an MX quantization (rowwise, columnwise or both; both copies must use the
-    /// same element format and scale rule). See [`quant::mx::quantize`].
-    pub fn prepare_mx<'a>(
-        &'a self,
-        x: &'a DeviceMatrix,
-        row: Option<(&OperandQuant, RngKey)>,
-        col: Option<(&OperandQuant, RngKey)>,
-    ) -> Result<QuantJob<'a>> {
-        self.job(x, abi::plan_mx(dims(x), row, col)?)
-    }
-
-    /// Prepares a per-tensor FP8 cast (rowwise, columnwise or both; both copies share the
-    /// tensor's scale and must use the same format). Delayed scaling casts with
-    /// `state.scale()`; [`QuantJob::finish_fp8`] records the amax in `state`. See
-    /// [`quant::fp8::quantize`].
-    pub fn prepare_fp8<'a>(
-        &'a self,
-        x: &'a DeviceMatrix,
-        row: Option<(&OperandQuant, RngKey)>,
-        col: Option<(&OperandQuant, RngKey)>,
+        row: Option<&Quantizer>,
+        col: Option<&Quantizer>,
         state: &mut QuantState,
     ) -> Result<QuantJob<'a>> {
-        self.job(x, abi::plan_fp8(dims(x), row, col, state)?)
-    }
-
-    // --------------------------------------------------------------------------------------
-    // One-call API mirroring quant
-    // --------------------------------------------------------------------------------------
-
-    /// [`quant::nvfp4::quantize`] on the GPU (bit-identical output; Four Over Six is not
-    /// implemented on the GPU).
-    pub fn quantize_nvfp4(
-        &self,
-        x: &DeviceMatrix,
-        usage: Usage,
-        q: &OperandQuant,
-        key: RngKey,
-    ) -> Result<DeviceQuantized> {
-        let job = match usage {
-            Usage::Rowwise => self.prepare_nvfp4(x, Some((q, key)), None)?,
-            Usage::Columnwise => self.prepare_nvfp4(x, None, Some((q, key)))?,
-        };
-        single(job.run()?.finish()?)
-    }
-
-    /// [`quant::mx::quantize`] on the GPU (MXFP8 and MXFP4; bit-identical output).
-    pub fn quantize_mx(
-        &self,
-        x: &DeviceMatrix,
-        usage: Usage,
-        q: &OperandQuant,
-        key: RngKey,
-    ) -> Result<DeviceQuantized> {
-        let job = match usage {
-            Usage::Rowwise => self.prepare_mx(x, Some((q, key)), None)?,
-            Usage::Columnwise => self.prepare_mx(x, None, Some((q, key)))?,
-        };
-        single(job.run()?.finish()?)
-    }
-
-    /// [`quant::fp8::quantize`] on the GPU (bit-identical output; delayed scaling uses and
-    /// updates `state` as `quant` does).
-    pub fn quantize_fp8(
-        &self,
-        x: &DeviceMatrix,
-        usage: Usage,
-        q: &OperandQuant,
-        key: RngKey,
-        state: &mut QuantState,
-    ) -> Result<DeviceQuantized> {
-        let job = match usage {
-            Usage::Rowwise => self.prepare_fp8(x, Some((q, key)), None, state)?,
-            Usage::Columnwise => self.prepare_fp8(x, None, Some((q, key)), state)?,
-        };
-        single(job.run()?.finish_fp8(state)?)
-    }
-
-    /// Quantizes one operand in any GPU-supported format (NVFP4, MX, FP8), like
-    /// [`quant::fake::quantize`].
-    pub fn quantize(
-        &self,
-        x: &DeviceMatrix,
-        usage: Usage,
-        q: &OperandQuant,
-        key: RngKey,
-        state: &mut QuantState,
-    ) -> Result<DeviceQuantized> {
-        match q.format {
-            QuantFormat::Nvfp4 { .. } => self.quantize_nvfp4(x, usage, q, key),
-            QuantFormat::Mx { .. } => self.quantize_mx(x, usage, q, key),
-            QuantFormat::Fp8 { .. } => self.quantize_fp8(x, usage, q, key, state),
-            f => Err(KernelError::Unsupported(format!(
-                "{f:?} operands are not quantized on the GPU"
-            ))),
-        }
+        self.job(x, abi::plan(dims(x), row, col, state)?)
     }
 
     /// The fused cast+transpose: the rowwise copy (quantized with `row`) and the columnwise
     /// copy (quantized with `col`, e.g. with RHT and stochastic rounding) from one read of
     /// the input. Each result equals the corresponding single quantization bit for bit.
-    /// Both settings must be of the same format family (NVFP4, MX or FP8).
     pub fn cast_transpose(
         &self,
         x: &DeviceMatrix,
-        row: (&OperandQuant, RngKey),
-        col: (&OperandQuant, RngKey),
+        row: &Quantizer,
+        col: &Quantizer,
         state: &mut QuantState,
     ) -> Result<(DeviceQuantized, DeviceQuantized)> {
-        let (r, c) = match (row.0.format, col.0.format) {
-            (QuantFormat::Nvfp4 { .. }, QuantFormat::Nvfp4 { .. }) => self
-                .prepare_nvfp4(x, Some(row), Some(col))?
-                .run()?
-                .finish()?,
-            (QuantFormat::Mx { .. }, QuantFormat::Mx { .. }) => {
-                self.prepare_mx(x, Some(row), Some(col))?.run()?.finish()?
-            }
-            (QuantFormat::Fp8 { .. }, QuantFormat::Fp8 { .. }) => self
-                .prepare_fp8(x, Some(row), Some(col), state)?
-                .run()?
-                .finish_fp8(state)?,
-            (a, b) => {
-                return Err(KernelError::Unsupported(format!(
-                    "cast+transpose of {a:?} and {b:?}"
-                )))
-            }
-        };
-        Ok((r.expect("rowwise copy"), c.expect("columnwise copy")))
+        match self
+            .prepare(x, Some(row), Some(col), state)?
+            .run()?
+            .finish_fp8(state)?
+        {
+            (Some(r), Some(c)) => Ok((r, c)),
+            _ => Err(KernelError::Unsupported(
+                "expected both copies from a cast+transpose".into(),
+            )),
+        }
     }
 
     // --------------------------------------------------------------------------------------
@@ -316,7 +218,7 @@ impl GpuContext {
 
     /// Dequantizes to f32 in the stored layout (`rows x cols`, padding dropped), with the
     /// per-tensor factor: bit-identical to [`quant::QuantizedTensor::dequantize`].
-    pub fn dequantize(&self, t: &DeviceQuantized) -> Result<CudaSlice<f32>> {
+    fn dequantize_device(&self, t: &DeviceQuantized) -> Result<CudaSlice<f32>> {
         let n = t.rows * t.cols;
         // SAFETY: each dequantization kernel writes all rows * cols outputs (the GPU tests
         // compare every element with quant's).
@@ -410,7 +312,7 @@ impl GpuContext {
                     tensor_scale_inv: 1.0,
                     ..self.clone_meta(t)?
                 };
-                let vals = self.dequantize(&f)?;
+                let vals = self.dequantize_device(&f)?;
                 return Ok((self.to_bf16(&vals)?, t.tensor_scale_inv));
             }
             f => return Err(KernelError::Unsupported(format!("{f:?} GEMM operands"))),
@@ -437,6 +339,34 @@ impl GpuContext {
             amax: t.amax,
             tensor_scale_inv: t.tensor_scale_inv,
         })
+    }
+}
+
+/// The GPU quantizers behind `quant`'s one interface: the same validated [`Quantizer`], a
+/// [`DeviceMatrix`] in, a [`DeviceQuantized`] out whose [`DeviceQuantized::to_host`] equals
+/// `quant`'s [`QuantizedTensor`] byte for byte (NVFP4 without Four Over Six, MXFP8 / MXFP4,
+/// FP8; other formats are [`KernelError::Unsupported`]).
+impl QuantizerBackend for GpuContext {
+    type Source<'a> = &'a DeviceMatrix;
+    type Quantized = DeviceQuantized;
+    type Values = CudaSlice<f32>;
+    type Error = KernelError;
+
+    fn quantize(
+        &self,
+        q: &Quantizer,
+        x: &DeviceMatrix,
+        state: &mut QuantState,
+    ) -> Result<DeviceQuantized> {
+        let (row, col) = match q.usage() {
+            Usage::Rowwise => (Some(q), None),
+            Usage::Columnwise => (None, Some(q)),
+        };
+        single(self.prepare(x, row, col, state)?.run()?.finish_fp8(state)?)
+    }
+
+    fn dequantize(&self, t: &DeviceQuantized) -> Result<CudaSlice<f32>> {
+        self.dequantize_device(t)
     }
 }
 
@@ -519,7 +449,8 @@ impl<'a> QuantJob<'a> {
         self.finish_inner(None)
     }
 
-    /// [`QuantJob::finish`] for FP8 jobs: records the amax in `state` for delayed scaling.
+    /// [`QuantJob::finish`] that records the amax in `state` for delayed FP8 scaling (any
+    /// job may finish this way; only delayed FP8 must).
     pub fn finish_fp8(
         self,
         state: &mut QuantState,

@@ -1,4 +1,4 @@
-//! `kernels_cuda::emu::Emu::quantize_nvfp4` / `dequantize_nvfp4` (feature `emu`): the NVFP4
+//! `quant::QuantizerBackend` for `kernels_cuda::emu::Emu` (feature `emu`): the NVFP4
 //! quantizer kernels behind the training emulator's launcher, as autograd's emulated NVFP4
 //! training step uses them, equal to `quant` byte for byte (codes, scales, amax, factor) and
 //! their dequantization to `QuantizedTensor::dequantize` bit for bit; bad input is a typed
@@ -11,7 +11,9 @@ use common::{assert_same, nvfp4_cases, nvfp4_rht_cases, sweep, KEY, USAGES};
 use fp_formats::mx::{MxElement, ScaleRule};
 use kernels_cuda::emu::{Emu, EmuError};
 use kernels_cuda::KernelError;
-use quant::{OperandQuant, QuantState, Usage};
+use quant::{
+    Cpu, MatRef, OperandQuant, QuantError, QuantState, Quantizer, QuantizerBackend, Usage,
+};
 
 fn emu(test: &str) -> Option<&'static Emu> {
     match Emu::shared() {
@@ -25,13 +27,14 @@ fn emu(test: &str) -> Option<&'static Emu> {
 }
 
 fn check(e: &Emu, x: &[f32], rows: usize, cols: usize, usage: Usage, q: &OperandQuant, what: &str) {
+    let qz = Quantizer::new(*q, usage).expect("valid").with_key(KEY);
+    let x = MatRef::new(x, rows, cols).expect("shape");
     let got = e
-        .quantize_nvfp4(x, rows, cols, usage, q, KEY)
+        .quantize(&qz, x, &mut QuantState::new())
         .unwrap_or_else(|err| panic!("{what}: {err}"));
-    let cpu =
-        quant::fake::quantize(x, rows, cols, usage, q, KEY, &mut QuantState::new()).expect("cpu");
+    let cpu = Cpu.quantize(&qz, x, &mut QuantState::new()).expect("cpu");
     assert_same(&got, &cpu, what);
-    let deq = e.dequantize_nvfp4(&got).expect("dequantize");
+    let deq = e.dequantize(&got).expect("dequantize");
     let want = cpu.dequantize();
     assert_eq!(deq.len(), want.len(), "{what}");
     if let Some(i) = deq
@@ -71,35 +74,40 @@ fn emu_quantize_nvfp4_rejects_bad_input() {
     let Some(e) = emu("emu_quantize_nvfp4_rejects_bad_input") else {
         return;
     };
-    let q = OperandQuant::nvfp4();
+    let q = Quantizer::new(OperandQuant::nvfp4(), Usage::Rowwise)
+        .expect("valid")
+        .with_key(KEY);
     let x = vec![0.5f32; 32];
-    // a length that does not match the shape
+    let st = &mut QuantState::new();
+    // a view whose length does not match its shape: quant's check
     assert!(matches!(
-        e.quantize_nvfp4(&x, 3, 16, Usage::Rowwise, &q, KEY),
-        Err(KernelError::Unsupported(_))
+        e.quantize(&q, MatRef::row_major(&x, 3, 16), st),
+        Err(KernelError::Quant(QuantError::Format(_)))
     ));
     // non-finite input, as quant rejects it
     let mut bad = x.clone();
     bad[7] = f32::NAN;
     assert!(matches!(
-        e.quantize_nvfp4(&bad, 2, 16, Usage::Rowwise, &q, KEY),
+        e.quantize(&q, MatRef::new(&bad, 2, 16).expect("shape"), st),
         Err(KernelError::NonFinite(_))
     ));
-    // dequantize_nvfp4 takes NVFP4 tensors only
-    let mx = OperandQuant::mx(MxElement::E4M3, ScaleRule::Rceil);
-    let t = quant::fake::quantize(&x, 1, 32, Usage::Rowwise, &mx, KEY, &mut QuantState::new())
-        .expect("cpu");
+    // the emulated quantizer runs NVFP4 only, and dequantizes NVFP4 tensors only
+    let mx = Quantizer::new(
+        OperandQuant::mx(MxElement::E4M3, ScaleRule::Rceil),
+        Usage::Rowwise,
+    )
+    .expect("valid");
+    let x32 = MatRef::new(&x, 1, 32).expect("shape");
     assert!(matches!(
-        e.dequantize_nvfp4(&t),
+        e.quantize(&mx, x32, st),
         Err(KernelError::Unsupported(_))
     ));
+    let t = Cpu.quantize(&mx, x32, st).expect("cpu");
+    assert!(matches!(e.dequantize(&t), Err(KernelError::Unsupported(_))));
     // nor a truncated one
     let mut t = e
-        .quantize_nvfp4(&x, 2, 16, Usage::Rowwise, &q, KEY)
+        .quantize(&q, MatRef::new(&x, 2, 16).expect("shape"), st)
         .expect("quantize");
     t.codes.pop();
-    assert!(matches!(
-        e.dequantize_nvfp4(&t),
-        Err(KernelError::Unsupported(_))
-    ));
+    assert!(matches!(e.dequantize(&t), Err(KernelError::Unsupported(_))));
 }

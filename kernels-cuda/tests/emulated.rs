@@ -19,9 +19,9 @@ use std::process::Command;
 use std::sync::OnceLock;
 
 use common::{
-    assert_same, data, for_each_case, fp8_current_cases, fp8_delayed, mx_cases, mx_prescaled,
-    nvfp4_cases, nvfp4_cast_transpose_cases, nvfp4_rht_cases, rht_zero_sum_cases,
-    rht_zero_sum_data, sweep, CT_COL_KEY, CT_ROW_KEY, KEY, USAGES,
+    assert_same, cpu_quantize, data, for_each_case, fp8_current_cases, fp8_delayed, mx_cases,
+    mx_prescaled, nvfp4_cases, nvfp4_cast_transpose_cases, nvfp4_rht_cases, quantizer,
+    rht_zero_sum_cases, rht_zero_sum_data, sweep, CT_COL_KEY, CT_ROW_KEY, KEY, USAGES,
 };
 use fp_formats::mx::{MxElement, ScaleRule};
 use kernels_cuda::abi::{self, AmaxPass, Args, Dims, Fp8Args, MxArgs, Nvfp4Args, OutPtrs, Plan};
@@ -245,18 +245,12 @@ fn plan_for(
     key: RngKey,
     state: &mut QuantState,
 ) -> Plan {
-    let side = Some((q, key));
+    let q = quantizer(q, usage, key);
     let (row, col) = match usage {
-        Usage::Rowwise => (side, None),
-        Usage::Columnwise => (None, side),
+        Usage::Rowwise => (Some(&q), None),
+        Usage::Columnwise => (None, Some(&q)),
     };
-    match q.format {
-        QuantFormat::Nvfp4 { .. } => abi::plan_nvfp4(dims, row, col),
-        QuantFormat::Mx { .. } => abi::plan_mx(dims, row, col),
-        QuantFormat::Fp8 { .. } => abi::plan_fp8(dims, row, col, state),
-        f => panic!("{f:?}"),
-    }
-    .expect("plan")
+    abi::plan(dims, row, col, state).expect("plan")
 }
 
 /// One quantization through the emulator, compared with `quant` (codes, scales, amax, factor)
@@ -277,8 +271,12 @@ fn check(
     let plan = plan_for(dims, usage, q, key, &mut st);
     let (r, c) = run_plan(e, x, plan, Some(&mut st)).unwrap_or_else(|err| panic!("{what}: {err}"));
     let got = r.or(c).expect("one copy");
-    let cpu =
-        quant::fake::quantize(x, rows, cols, usage, q, key, &mut QuantState::new()).expect("cpu");
+    let cpu = cpu_quantize(
+        x,
+        (rows, cols),
+        &quantizer(q, usage, key),
+        &mut QuantState::new(),
+    );
     assert_same(&got, &cpu, what);
     check_dequantize(e, &got, what);
 }
@@ -467,12 +465,15 @@ fn emulated_nvfp4_cast_transpose_matches_two_quantizations() {
     for &(rows, cols) in &[(256usize, 192usize), (96, 80), (272, 130)] {
         let x = data(rows, cols, (rows * cols) as u64);
         for (ci, (qr, qc)) in cases.iter().enumerate() {
-            let plan =
-                abi::plan_nvfp4(Dims { rows, cols }, Some((qr, kr)), Some((qc, kc))).expect("plan");
+            let (qr, qc) = (
+                quantizer(qr, Usage::Rowwise, kr),
+                quantizer(qc, Usage::Columnwise, kc),
+            );
+            let st = &mut QuantState::new();
+            let plan = abi::plan(Dims { rows, cols }, Some(&qr), Some(&qc), st).expect("plan");
             let (r, c) = run_plan(e, &x, plan, None).expect("run");
-            let cr = quant::nvfp4::quantize(&x, rows, cols, Usage::Rowwise, qr, kr).expect("cpu");
-            let cc =
-                quant::nvfp4::quantize(&x, rows, cols, Usage::Columnwise, qc, kc).expect("cpu");
+            let cr = cpu_quantize(&x, (rows, cols), &qr, st);
+            let cc = cpu_quantize(&x, (rows, cols), &qc, st);
             assert_same(
                 &r.expect("row"),
                 &cr,
@@ -492,6 +493,7 @@ fn emulated_nvfp4_rejects_non_finite_input() {
     let Some(e) = emu("emulated_nvfp4_rejects_non_finite_input") else {
         return;
     };
+    let dims = Dims { rows: 32, cols: 48 };
     for bad in [f32::NAN, f32::INFINITY, -f32::INFINITY] {
         let mut x = data(32, 48, 3);
         x[100] = bad;
@@ -499,15 +501,16 @@ fn emulated_nvfp4_rejects_non_finite_input() {
             OperandQuant::nvfp4(),
             OperandQuant::nvfp4().with_rht(Rht::FixedSigns),
         ] {
-            let plan =
-                abi::plan_nvfp4(Dims { rows: 32, cols: 48 }, None, Some((&q, KEY))).expect("plan");
+            let q = quantizer(&q, Usage::Columnwise, KEY);
+            let plan = abi::plan(dims, None, Some(&q), &mut QuantState::new()).expect("plan");
             assert!(
                 matches!(run_plan(e, &x, plan, None), Err(KernelError::NonFinite(_))),
                 "{bad} {q:?}"
             );
         }
         let q = OperandQuant::mx(MxElement::E4M3, ScaleRule::Rceil);
-        let plan = abi::plan_mx(Dims { rows: 32, cols: 48 }, Some((&q, KEY)), None).expect("plan");
+        let q = quantizer(&q, Usage::Rowwise, KEY);
+        let plan = abi::plan(dims, Some(&q), None, &mut QuantState::new()).expect("plan");
         assert!(
             matches!(run_plan(e, &x, plan, None), Err(KernelError::NonFinite(_))),
             "MX {bad}"
@@ -612,16 +615,21 @@ fn emulated_mx_cast_transpose_matches_two_quantizations() {
     let qc = qr
         .with_rounding(RoundingMode::Stochastic)
         .with_rht(Rht::FixedSigns);
-    let plan = abi::plan_mx(Dims { rows, cols }, Some((&qr, KEY)), Some((&qc, KEY))).expect("plan");
+    let (qr, qc) = (
+        quantizer(&qr, Usage::Rowwise, KEY),
+        quantizer(&qc, Usage::Columnwise, KEY),
+    );
+    let st = &mut QuantState::new();
+    let plan = abi::plan(Dims { rows, cols }, Some(&qr), Some(&qc), st).expect("plan");
     let (r, c) = run_plan(e, &x, plan, None).expect("run");
     assert_same(
         &r.unwrap(),
-        &quant::mx::quantize(&x, rows, cols, Usage::Rowwise, &qr, KEY).unwrap(),
+        &cpu_quantize(&x, (rows, cols), &qr, st),
         "mx ct rowwise",
     );
     assert_same(
         &c.unwrap(),
-        &quant::mx::quantize(&x, rows, cols, Usage::Columnwise, &qc, KEY).unwrap(),
+        &cpu_quantize(&x, (rows, cols), &qc, st),
         "mx ct columnwise",
     );
 }
@@ -655,8 +663,8 @@ fn emulated_fp8_delayed_scaling_tracks_quant_state() {
             .collect();
         let plan = plan_for(Dims { rows, cols }, Usage::Columnwise, &q, KEY, &mut se);
         let (_, c) = run_plan(e, &x, plan, Some(&mut se)).expect("run");
-        let cpu =
-            quant::fp8::quantize(&x, rows, cols, Usage::Columnwise, &q, KEY, &mut sc).expect("cpu");
+        let qz = quantizer(&q, Usage::Columnwise, KEY);
+        let cpu = cpu_quantize(&x, (rows, cols), &qz, &mut sc);
         assert_same(&c.expect("col"), &cpu, &format!("delayed step {step}"));
         se.end_step(&q).unwrap();
         sc.end_step(&q).unwrap();

@@ -13,15 +13,18 @@ use std::sync::OnceLock;
 use std::time::Instant;
 
 use common::{
-    assert_same, data, for_each_case, fp8_current_cases, fp8_delayed, mx_cases, mx_prescaled,
-    nvfp4_cases, nvfp4_cast_transpose_cases, nvfp4_rht_cases, rht_zero_sum_cases,
-    rht_zero_sum_data, sweep, CT_COL_KEY, CT_ROW_KEY, KEY, USAGES,
+    assert_same, cpu_quantize, data, for_each_case, fp8_current_cases, fp8_delayed, mx_cases,
+    mx_prescaled, nvfp4_cases, nvfp4_cast_transpose_cases, nvfp4_rht_cases, quantizer,
+    rht_zero_sum_cases, rht_zero_sum_data, sweep, CT_COL_KEY, CT_ROW_KEY, KEY, USAGES,
 };
 use cudarc::driver::CudaSlice;
 use fp_formats::mx::{MxElement, ScaleRule};
 use kernels_cuda::{DeviceMatrix, DeviceQuantized, Gpu, GpuContext, KernelError};
 use quant::qgemm::{quantized_matmul_tn, Operand};
-use quant::{AmaxAlgo, Fp8Element, OperandQuant, QuantState, Rht, RngKey, RoundingMode, Usage};
+use quant::{
+    AmaxAlgo, Fp8Element, OperandQuant, QuantState, Quantizer, QuantizerBackend, Rht, RngKey,
+    RoundingMode, Usage,
+};
 
 enum State {
     Ready(Box<GpuContext>),
@@ -158,12 +161,12 @@ fn check_one_strict(
     let dx = upload(g, x, rows, cols);
     let mut st_gpu = QuantState::new();
     let mut st_cpu = QuantState::new();
+    let qz = quantizer(q, usage, key);
     let t = g
-        .quantize(&dx, usage, q, key, &mut st_gpu)
+        .quantize(&qz, &dx, &mut st_gpu)
         .unwrap_or_else(|e| panic!("{what}: {e}"));
     let host = t.to_host().expect("download");
-    let cpu = quant::fake::quantize(x, rows, cols, usage, q, key, &mut st_cpu)
-        .unwrap_or_else(|e| panic!("{what}: cpu {e}"));
+    let cpu = cpu_quantize(x, (rows, cols), &qz, &mut st_cpu);
     assert_same(&host, &cpu, what);
     // Dequantization: bit for bit too.
     let deq = g
@@ -255,10 +258,8 @@ fn rht_zero_sums_match_quant() {
                 soft(what, || {
                     let t = g
                         .quantize(
+                            &quantizer(q, usage, KEY),
                             &upload(g, &x, rows, cols),
-                            usage,
-                            q,
-                            KEY,
                             &mut QuantState::new(),
                         )
                         .unwrap_or_else(|e| panic!("{what}: {e}"));
@@ -287,12 +288,25 @@ fn nvfp4_cast_transpose_equals_two_quantizations() {
         for (ci, (qr, qc)) in cases.iter().enumerate() {
             soft(&format!("cast_transpose case {ci} {rows}x{cols}"), || {
                 let (r, c) = g
-                    .cast_transpose(&dx, (qr, row_key), (qc, col_key), &mut QuantState::new())
+                    .cast_transpose(
+                        &dx,
+                        &quantizer(qr, Usage::Rowwise, row_key),
+                        &quantizer(qc, Usage::Columnwise, col_key),
+                        &mut QuantState::new(),
+                    )
                     .expect("cast_transpose");
-                let cr = quant::nvfp4::quantize(&x, rows, cols, Usage::Rowwise, qr, row_key)
-                    .expect("cpu");
-                let cc = quant::nvfp4::quantize(&x, rows, cols, Usage::Columnwise, qc, col_key)
-                    .expect("cpu");
+                let cr = cpu_quantize(
+                    &x,
+                    (rows, cols),
+                    &quantizer(qr, Usage::Rowwise, row_key),
+                    &mut QuantState::new(),
+                );
+                let cc = cpu_quantize(
+                    &x,
+                    (rows, cols),
+                    &quantizer(qc, Usage::Columnwise, col_key),
+                    &mut QuantState::new(),
+                );
                 assert_same(
                     &r.to_host().expect("dl"),
                     &cr,
@@ -319,8 +333,10 @@ fn nvfp4_rejects_non_finite_input_and_bad_configs() {
         x[777] = bad;
         let dx = upload(g, &x, rows, cols);
         let q = OperandQuant::nvfp4();
-        assert!(quant::nvfp4::quantize(&x, rows, cols, Usage::Rowwise, &q, KEY).is_err());
-        match g.quantize_nvfp4(&dx, Usage::Rowwise, &q, KEY) {
+        let q = quantizer(&q, Usage::Rowwise, KEY);
+        let xm = quant::MatRef::new(&x, rows, cols).expect("shape");
+        assert!(q.quantize(xm, &mut QuantState::new()).is_err());
+        match g.quantize(&q, &dx, &mut QuantState::new()) {
             Err(KernelError::NonFinite(_)) => {}
             other => panic!("{bad}: expected NonFinite, got {other:?}"),
         }
@@ -328,11 +344,16 @@ fn nvfp4_rejects_non_finite_input_and_bad_configs() {
     let dx = upload(g, &data(40, 32, 1), 40, 32);
     let rht = OperandQuant::nvfp4().with_rht(Rht::FixedSigns);
     assert!(
-        g.quantize_nvfp4(&dx, Usage::Rowwise, &rht, KEY).is_err(),
+        Quantizer::new(rht, Usage::Rowwise).is_err(),
         "RHT is columnwise only"
     );
     assert!(
-        g.quantize_nvfp4(&dx, Usage::Columnwise, &rht, KEY).is_err(),
+        g.quantize(
+            &quantizer(&rht, Usage::Columnwise, KEY),
+            &dx,
+            &mut QuantState::new()
+        )
+        .is_err(),
         "RHT needs rows % 16 == 0"
     );
 }
@@ -359,7 +380,12 @@ fn amax_and_repeat_launches_are_deterministic() {
         .with_rht(Rht::FixedSigns)
         .with_rounding(RoundingMode::Stochastic);
     let mut job = g
-        .prepare_nvfp4(&dx, Some((&OperandQuant::nvfp4(), KEY)), Some((&q, KEY)))
+        .prepare(
+            &dx,
+            Some(&quantizer(&OperandQuant::nvfp4(), Usage::Rowwise, KEY)),
+            Some(&quantizer(&q, Usage::Columnwise, KEY)),
+            &mut QuantState::new(),
+        )
         .expect("prepare");
     for _ in 0..5 {
         job.launch().expect("launch");
@@ -367,13 +393,22 @@ fn amax_and_repeat_launches_are_deterministic() {
     let (r, c) = job.finish().expect("finish");
     assert_same(
         &r.unwrap().to_host().unwrap(),
-        &quant::nvfp4::quantize(&x, rows, cols, Usage::Rowwise, &OperandQuant::nvfp4(), KEY)
-            .unwrap(),
+        &cpu_quantize(
+            &x,
+            (rows, cols),
+            &quantizer(&OperandQuant::nvfp4(), Usage::Rowwise, KEY),
+            &mut QuantState::new(),
+        ),
         "repeat rowwise",
     );
     assert_same(
         &c.unwrap().to_host().unwrap(),
-        &quant::nvfp4::quantize(&x, rows, cols, Usage::Columnwise, &q, KEY).unwrap(),
+        &cpu_quantize(
+            &x,
+            (rows, cols),
+            &quantizer(&q, Usage::Columnwise, KEY),
+            &mut QuantState::new(),
+        ),
         "repeat columnwise",
     );
 }
@@ -432,16 +467,31 @@ fn mx_cast_transpose_equals_two_quantizations() {
         let qc = qr.with_rounding(RoundingMode::Stochastic);
         soft(&format!("mx cast_transpose {rows}x{cols}"), || {
             let (r, c) = g
-                .cast_transpose(&dx, (&qr, KEY), (&qc, KEY), &mut QuantState::new())
+                .cast_transpose(
+                    &dx,
+                    &quantizer(&qr, Usage::Rowwise, KEY),
+                    &quantizer(&qc, Usage::Columnwise, KEY),
+                    &mut QuantState::new(),
+                )
                 .expect("cast_transpose");
             assert_same(
                 &r.to_host().unwrap(),
-                &quant::mx::quantize(&x, rows, cols, Usage::Rowwise, &qr, KEY).unwrap(),
+                &cpu_quantize(
+                    &x,
+                    (rows, cols),
+                    &quantizer(&qr, Usage::Rowwise, KEY),
+                    &mut QuantState::new(),
+                ),
                 &format!("mx ct rowwise {rows}x{cols}"),
             );
             assert_same(
                 &c.to_host().unwrap(),
-                &quant::mx::quantize(&x, rows, cols, Usage::Columnwise, &qc, KEY).unwrap(),
+                &cpu_quantize(
+                    &x,
+                    (rows, cols),
+                    &quantizer(&qc, Usage::Columnwise, KEY),
+                    &mut QuantState::new(),
+                ),
                 &format!("mx ct columnwise {rows}x{cols}"),
             );
         });
@@ -482,10 +532,14 @@ fn fp8_delayed_scaling_tracks_quant_state() {
             .collect();
         let dx = upload(g, &x, rows, cols);
         let t = g
-            .quantize_fp8(&dx, Usage::Rowwise, &q, KEY, &mut sg)
+            .quantize(&quantizer(&q, Usage::Rowwise, KEY), &dx, &mut sg)
             .expect("gpu");
-        let c =
-            quant::fp8::quantize(&x, rows, cols, Usage::Rowwise, &q, KEY, &mut sc).expect("cpu");
+        let c = cpu_quantize(
+            &x,
+            (rows, cols),
+            &quantizer(&q, Usage::Rowwise, KEY),
+            &mut sc,
+        );
         assert_same(&t.to_host().unwrap(), &c, &format!("delayed step {step}"));
         sg.end_step(&q).unwrap();
         sc.end_step(&q).unwrap();
@@ -504,17 +558,22 @@ fn fp8_cast_transpose_equals_two_quantizations() {
     let dx = upload(g, &x, rows, cols);
     let q = OperandQuant::fp8_current(Fp8Element::E5M2);
     let (r, c) = g
-        .cast_transpose(&dx, (&q, KEY), (&q, KEY), &mut QuantState::new())
+        .cast_transpose(
+            &dx,
+            &quantizer(&q, Usage::Rowwise, KEY),
+            &quantizer(&q, Usage::Columnwise, KEY),
+            &mut QuantState::new(),
+        )
         .expect("ct");
     let st = &mut QuantState::new();
     assert_same(
         &r.to_host().unwrap(),
-        &quant::fp8::quantize(&x, rows, cols, Usage::Rowwise, &q, KEY, st).unwrap(),
+        &cpu_quantize(&x, (rows, cols), &quantizer(&q, Usage::Rowwise, KEY), st),
         "fp8 ct rowwise",
     );
     assert_same(
         &c.to_host().unwrap(),
-        &quant::fp8::quantize(&x, rows, cols, Usage::Columnwise, &q, KEY, st).unwrap(),
+        &cpu_quantize(&x, (rows, cols), &quantizer(&q, Usage::Columnwise, KEY), st),
         "fp8 ct columnwise",
     );
 }
@@ -601,17 +660,10 @@ fn assert_close(gpu: &[f32], cpu: &[f32], bound: &[f32], rel: f32, what: &str) {
 
 fn fake(x: &[f32], rows: usize, cols: usize, q: &OperandQuant, key: RngKey) -> (Vec<f32>, f32) {
     let mut out = vec![0.0f32; x.len()];
-    let f = quant::fake::fake_quantize_into(
-        x,
-        rows,
-        cols,
-        Usage::Rowwise,
-        q,
-        key,
-        &mut QuantState::new(),
-        &mut out,
-    )
-    .expect("fake");
+    let x = quant::MatRef::new(x, rows, cols).expect("shape");
+    let f = quantizer(q, Usage::Rowwise, key)
+        .fake_quantize_into(x, &mut QuantState::new(), &mut out)
+        .expect("fake");
     (out, f)
 }
 
@@ -660,18 +712,24 @@ fn emulated_case_strict(
     };
     let mut st = QuantState::new();
     let ta = g
-        .quantize(&da, Usage::Rowwise, qa, ka, &mut st)
+        .quantize(&quantizer(qa, Usage::Rowwise, ka), &da, &mut st)
         .expect("quantize A");
     let tb = g
-        .quantize(&db, Usage::Rowwise, qb, kb, &mut st)
+        .quantize(&quantizer(qb, Usage::Rowwise, kb), &db, &mut st)
         .expect("quantize B");
     let out = g
         .download(&gemm(g, &ta, &tb).unwrap_or_else(|e| panic!("{what}: {e}")))
         .expect("dtoh");
     let mut cpu = vec![0.0f32; m * n];
     quantized_matmul_tn(
-        Operand::new(&a, m, k, Usage::Rowwise, qa).with_key(ka),
-        Operand::new(&b, n, k, Usage::Rowwise, qb).with_key(kb),
+        Operand::new(
+            quant::MatRef::new(&a, m, k).unwrap(),
+            quantizer(qa, Usage::Rowwise, ka),
+        ),
+        Operand::new(
+            quant::MatRef::new(&b, n, k).unwrap(),
+            quantizer(qb, Usage::Rowwise, kb),
+        ),
         &mut cpu,
     )
     .expect("cpu gemm");
@@ -783,7 +841,11 @@ fn fp8_gemm_matches_cpu_emulation() {
     soft("E5M2 x E5M2 through gemm_fp8", || {
         let dx = upload(g, &data(64, 64, 1), 64, 64);
         let t = g
-            .quantize_fp8(&dx, Usage::Rowwise, &e5, KEY, &mut QuantState::new())
+            .quantize(
+                &quantizer(&e5, Usage::Rowwise, KEY),
+                &dx,
+                &mut QuantState::new(),
+            )
             .expect("quantize");
         let r = g.gemm_fp8(&t, &t);
         assert!(matches!(r, Err(KernelError::Unsupported(_))), "{r:?}");
@@ -876,7 +938,11 @@ fn block_scaled_gemm_is_blackwell_only() {
     let x = data(128, 256, 3);
     let dx = upload(g, &x, 128, 256);
     let t = g
-        .quantize_nvfp4(&dx, Usage::Rowwise, &OperandQuant::nvfp4(), KEY)
+        .quantize(
+            &quantizer(&OperandQuant::nvfp4(), Usage::Rowwise, KEY),
+            &dx,
+            &mut QuantState::new(),
+        )
         .unwrap();
     let r = g.gemm_block_scaled(&t, &t);
     if g.compute_capability().0 == 10 {
@@ -885,9 +951,10 @@ fn block_scaled_gemm_is_blackwell_only() {
             .unwrap();
         let mut cpu = vec![0.0f32; 128 * 128];
         let q = OperandQuant::nvfp4();
+        let xm = quant::MatRef::new(&x, 128, 256).unwrap();
         quantized_matmul_tn(
-            Operand::new(&x, 128, 256, Usage::Rowwise, &q).with_key(KEY),
-            Operand::new(&x, 128, 256, Usage::Rowwise, &q).with_key(KEY),
+            Operand::new(xm, quantizer(&q, Usage::Rowwise, KEY)),
+            Operand::new(xm, quantizer(&q, Usage::Rowwise, KEY)),
             &mut cpu,
         )
         .unwrap();

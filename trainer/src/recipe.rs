@@ -83,7 +83,7 @@
 //! `{ format = "fp8", element = "e4m3", scaling = { kind = "current", power_of_two = false } }`,
 //! `{ format = "fp8", element = "e5m2", scaling = { kind = "delayed", history_len = 16, margin = 0, algo = "max" } }`.
 //!
-//! Every policy is checked with `quant::fake::validate` for the usage of its slot (e.g. RHT
+//! Every policy is checked with `quant::Quantizer::new` for the usage of its slot (e.g. RHT
 //! only on the columnwise operands Dgrad W, Wgrad dY and Wgrad X).
 
 use std::fmt::{self, Write as _};

@@ -318,3 +318,21 @@ pub fn assert_same(gpu: &QuantizedTensor, cpu: &QuantizedTensor, what: &str) {
     }
     assert_eq!(gpu, cpu, "{what}");
 }
+
+/// The validated quantizer for `q`, `usage` and `key` (the cases are valid settings).
+pub fn quantizer(q: &OperandQuant, usage: Usage, key: RngKey) -> quant::Quantizer {
+    quant::Quantizer::new(*q, usage)
+        .expect("valid settings")
+        .with_key(key)
+}
+
+/// `quant`'s CPU quantization of the `[rows, cols]` `x` (the reference of every comparison).
+pub fn cpu_quantize(
+    x: &[f32],
+    (rows, cols): (usize, usize),
+    q: &quant::Quantizer,
+    state: &mut quant::QuantState,
+) -> QuantizedTensor {
+    let x = quant::MatRef::new(x, rows, cols).expect("shape");
+    q.quantize(x, state).expect("cpu quantization")
+}

@@ -17,7 +17,7 @@
 use autograd::{gemm_stream, Graph, OperandRole, ParamStore, Tensor};
 use quant::gemm::MatRef;
 use quant::qgemm::{fake_operand, quantized_matmul_tn_prequantized, FakeOperand, Operand};
-use quant::{Fp8Scaling, GemmPolicy, QuantFormat, QuantState, RngKey, Usage};
+use quant::{Fp8Scaling, GemmPolicy, QuantFormat, QuantState, Quantizer, RngKey, Usage};
 
 use crate::model::{layer_stream, Gpt, ModelError};
 use crate::recipe::Recipe;
@@ -77,15 +77,11 @@ impl FrozenLinears {
             let mut state = ps.linear_state(w)?.cloned().unwrap_or_default();
             let mut values = vec![0.0f32; rows * cols];
             let [x_state, w_state, ..] = &mut state.operands;
-            let op = Operand {
-                data: ps.value(w)?,
-                rows,
-                cols,
-                usage: Usage::Rowwise,
-                quant: &policy.fprop.b,
-                key: key(stream, OperandRole::FpropW)?,
-                state: Some(w_state),
-            };
+            let qerr = |e: quant::QuantError| ModelError::Autograd(e.into());
+            let quantizer = Quantizer::new(policy.fprop.b, Usage::Rowwise).map_err(qerr)?;
+            let x = MatRef::new(ps.value(w)?, rows, cols).map_err(qerr)?;
+            let op = Operand::new(x, quantizer.with_key(key(stream, OperandRole::FpropW)?))
+                .with_state(w_state);
             let wf = fake_operand(op, &mut values).map_err(|e| ModelError::Autograd(e.into()))?;
             let (factor, quantized) = (wf.factor, wf.quantized);
             layers.push(FrozenLinear {
@@ -161,15 +157,11 @@ impl FrozenLinears {
             None => (xv, m),
         };
         let mut state = l.x_state.clone();
-        let xa = Operand {
-            data,
-            rows,
-            cols: l.cols,
-            usage: Usage::Rowwise,
-            quant: &l.policy.fprop.a,
-            key: key(l.stream, OperandRole::FpropX)?,
-            state: Some(&mut state),
-        };
+        let qerr = |e: quant::QuantError| ModelError::Autograd(e.into());
+        let quantizer = Quantizer::new(l.policy.fprop.a, Usage::Rowwise).map_err(qerr)?;
+        let x = MatRef::new(data, rows, l.cols).map_err(qerr)?;
+        let xa = Operand::new(x, quantizer.with_key(key(l.stream, OperandRole::FpropX)?))
+            .with_state(&mut state);
         let wf = FakeOperand {
             values: MatRef::row_major(&l.values, l.rows, l.cols),
             factor: l.factor,

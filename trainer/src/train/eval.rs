@@ -2,7 +2,7 @@
 //! of the Fprop operands.
 
 use autograd::{gemm_stream, Graph, OperandRole};
-use quant::{QuantState, RngKey, Usage};
+use quant::{MatRef, QuantState, Quantizer, RngKey, Usage};
 
 use super::metrics::error_of;
 use super::{LayerError, TrainError, Trainer};
@@ -72,25 +72,22 @@ impl Trainer {
                 })
             };
             let qerr = |e: quant::QuantError| TrainError::Model(ModelError::Autograd(e.into()));
+            let quantizer = |q, role| -> Result<Quantizer, TrainError> {
+                Ok(Quantizer::new(q, Usage::Rowwise)
+                    .map_err(qerr)?
+                    .with_key(key(role)?))
+            };
             let x = quant::stats::operand_error(
-                &p.x,
-                p.rows,
-                p.cols,
-                Usage::Rowwise,
-                &p.policy.fprop.a,
-                key(OperandRole::FpropX)?,
+                &quantizer(p.policy.fprop.a, OperandRole::FpropX)?,
+                MatRef::new(&p.x, p.rows, p.cols).map_err(qerr)?,
                 &mut state_of(OperandRole::FpropX),
             )
             .map_err(qerr)?;
             let w = self.ps.value(p.weight)?;
             let rows = w.len() / p.cols;
             let w = quant::stats::operand_error(
-                w,
-                rows,
-                p.cols,
-                Usage::Rowwise,
-                &p.policy.fprop.b,
-                key(OperandRole::FpropW)?,
+                &quantizer(p.policy.fprop.b, OperandRole::FpropW)?,
+                MatRef::new(w, rows, p.cols).map_err(qerr)?,
                 &mut state_of(OperandRole::FpropW),
             )
             .map_err(qerr)?;
