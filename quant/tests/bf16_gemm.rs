@@ -51,6 +51,8 @@ fn matches_the_scalar_model_on_random_shapes() {
         (17, 33, 31),
         (40, 20, 64),
         (33, 65, 100),
+        // several K slabs (16 chunks each), the last chunk partial
+        (45, 70, 1100),
     ] {
         let a: Vec<f32> = (0..m * k).map(|_| rnd() * 3.0).collect();
         let b: Vec<f32> = (0..n * k).map(|_| rnd()).collect();
@@ -152,7 +154,7 @@ fn matches_the_scalar_model_on_edge_data() {
 #[test]
 fn rows_do_not_depend_on_m_or_threads() {
     let mut rnd = lcg(3);
-    let (m, n, k) = (70, 48, 160);
+    let (m, n, k) = (70, 48, 600); // two K slabs
     let a: Vec<f32> = (0..m * k).map(|_| rnd()).collect();
     let b: Vec<f32> = (0..n * k).map(|_| rnd()).collect();
     let mut ws = Bf16Workspace::new();
@@ -249,7 +251,13 @@ fn within_the_derived_bound_of_the_f64_product_on_training_shapes() {
 #[test]
 fn every_operand_layout_packs_the_same_bits() {
     let mut rnd = lcg(11);
-    for (m, n, k) in [(37, 21, 75), (16, 32, 64), (5, 48, 33), (33, 17, 1)] {
+    for (m, n, k) in [
+        (37, 21, 75),
+        (16, 32, 64),
+        (5, 48, 33),
+        (33, 17, 1),
+        (40, 50, 700),
+    ] {
         let a: Vec<f32> = (0..m * k).map(|_| rnd() * 7.0).collect();
         let b: Vec<f32> = (0..n * k).map(|_| rnd()).collect();
         // the same matrices stored transposed (with a padded row) and with both strides > 1
