@@ -31,6 +31,7 @@ use trainer::model::MAX_LAYERS;
 use trainer::recipe::{Recipe, BUILTIN_NAMES};
 use trainer::train::TrainError;
 
+mod device_cmd;
 mod export_cmd;
 mod rl_cmd;
 mod run_cmds;

@@ -11,6 +11,8 @@ use trainer::recipe::Recipe;
 use trainer::sample::{SampleConfig, Sampler};
 use trainer::train::{RunConfig, TrainError, TrainOptions, Trainer};
 
+use crate::device_cmd::{self, DeviceArg};
+
 /// Model, data and run settings shared by `train` and `compare`.
 #[derive(Args, Debug, Clone)]
 pub struct RunArgs {
@@ -40,6 +42,10 @@ pub struct RunArgs {
     /// Hide the progress bar.
     #[arg(long)]
     quiet: bool,
+    /// Where to compute: cpu, cuda, or auto (cuda when a driver, a device and the CUDA path
+    /// for this command are present, else cpu; printed at start).
+    #[arg(long, value_enum, default_value_t = DeviceArg::Auto)]
+    device: DeviceArg,
 }
 
 /// `trainer train`.
@@ -106,6 +112,9 @@ pub struct CompareArgs {
 pub struct SampleArgs {
     /// Checkpoint directory or run directory.
     checkpoint: PathBuf,
+    /// Where to compute: cpu, cuda or auto (see `train --help`).
+    #[arg(long, value_enum, default_value_t = DeviceArg::Auto)]
+    device: DeviceArg,
     /// Precision of weights and activations in the forward pass (a recipe; its Fprop
     /// policies apply, without its late switch).
     #[arg(long, default_value = "bf16")]
@@ -113,8 +122,8 @@ pub struct SampleArgs {
     /// Prompt text (bytes).
     #[arg(long, default_value = "Once, there was")]
     prompt: String,
-    /// Tokens to generate.
-    #[arg(long, default_value_t = 300)]
+    /// Tokens to generate at most.
+    #[arg(long, visible_alias = "max-new-tokens", default_value_t = 300)]
     tokens: usize,
     /// Softmax temperature (0 = greedy).
     #[arg(long, default_value_t = 0.8)]
@@ -122,6 +131,13 @@ pub struct SampleArgs {
     /// Top-k (0 = no limit).
     #[arg(long, default_value_t = 40)]
     top_k: usize,
+    /// Top-p (nucleus): keep the most likely tokens up to this probability, in (0, 1].
+    #[arg(long, default_value_t = 1.0)]
+    top_p: f32,
+    /// Stop after this text (one token of the model's tokenizer, e.g. "\n" for a newline);
+    /// repeatable.
+    #[arg(long, value_name = "TEXT")]
+    stop: Vec<String>,
     /// Sampling seed.
     #[arg(long, default_value_t = 0)]
     seed: u64,
@@ -358,6 +374,9 @@ pub fn run_train(args: TrainArgs) -> Result<()> {
         }
         tr
     };
+    // nothing is written before this point
+    let dev = device_cmd::resolve(args.run.device, "train", Some(tr.recipe()))?;
+    tr.set_device(dev);
     let out = tr.out_dir().to_path_buf();
     let s = match tr.run() {
         Ok(s) => s,
@@ -381,6 +400,7 @@ pub fn run_train(args: TrainArgs) -> Result<()> {
 }
 
 pub fn run_compare(args: CompareArgs) -> Result<()> {
+    device_cmd::resolve(args.run.device, "compare", None)?;
     set_threads(args.run.threads)?;
     install_stop_handlers()?;
     let cfg = run_config(&args.run)?;
@@ -436,7 +456,26 @@ fn install_stop_handlers() -> Result<()> {
     trainer::interrupt::install_handlers().context("installing the SIGINT/SIGTERM handlers")
 }
 
+/// The token of each `--stop` text (`\n` and `\t` escapes read as newline and tab).
+fn stop_tokens(tok: &trainer::data::Tokenizer, stops: &[String]) -> Result<Vec<u32>> {
+    stops
+        .iter()
+        .map(|s| {
+            let text = s.replace("\\n", "\n").replace("\\t", "\t");
+            match tok.encode(&text)?[..] {
+                [t] => Ok(t),
+                ref ids => bail!(
+                    "--stop {s:?} is {} tokens of the tokenizer ({}); a stop must be one token",
+                    ids.len(),
+                    tok.describe()
+                ),
+            }
+        })
+        .collect()
+}
+
 pub fn run_sample(args: SampleArgs) -> Result<()> {
+    device_cmd::resolve(args.device, "sample", None)?;
     set_threads(args.threads)?;
     let recipe = Recipe::resolve(&args.recipe)?;
     let mut s = Sampler::load(&args.checkpoint, recipe)?;
@@ -464,12 +503,15 @@ pub fn run_sample(args: SampleArgs) -> Result<()> {
         ),
     };
     let prompt = tok.encode(&args.prompt)?;
+    let stop = stop_tokens(&tok, &args.stop)?;
     let out = s.generate(
         &prompt,
         &SampleConfig {
             tokens: args.tokens,
             temperature: args.temperature,
             top_k: args.top_k,
+            top_p: args.top_p,
+            stop,
             seed: args.seed,
         },
     )?;

@@ -99,6 +99,9 @@ pub struct Trainer {
     inject_nan_at_step: Option<u64>,
     /// The run directory this trainer continues (resume), if any.
     resumed_from: Option<PathBuf>,
+    /// The device the forward and backward passes run on (`None`: the CPU); see
+    /// [`Trainer::set_device`].
+    device: Option<std::sync::Arc<autograd::backend::DeviceBackend>>,
 }
 
 fn param_layout(ps: &ParamStore, model: &Gpt) -> Vec<ParamSpec> {
@@ -183,6 +186,7 @@ impl Trainer {
             overwrite: false,
             inject_nan_at_step: crate::interrupt::nan_step_from_env(),
             resumed_from: None,
+            device: None,
         })
     }
 
@@ -294,6 +298,15 @@ impl Trainer {
     /// The model's structure (its parameters live in [`Trainer::params`]).
     pub fn model(&self) -> &Gpt {
         &self.model
+    }
+
+    /// Runs every training step's forward and backward passes on `device` (`None`: the CPU).
+    /// The parameters live on the host between steps: a step uploads them, computes its
+    /// micro-batches on the device and downloads values and gradients, so clipping, AdamW
+    /// (on host values), evaluation, checkpoints and resume are the CPU's, and a checkpoint
+    /// resumes on either device.
+    pub fn set_device(&mut self, device: Option<std::sync::Arc<autograd::backend::DeviceBackend>>) {
+        self.device = device;
     }
 
     /// The parameters (values, gradients, quantizer states).

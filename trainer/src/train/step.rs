@@ -56,6 +56,9 @@ impl Trainer {
         let accum = self.cfg.train.grad_accum;
         let progress = self.progress();
         let mut loss_sum = 0.0f64;
+        if let Some(dev) = &self.device {
+            self.ps.to_device(dev)?;
+        }
         for _ in 0..accum {
             let b = self.batcher.next_batch();
             let mut g = Graph::new(&mut self.ps).with_rng(self.cfg.train.seed, self.step);
@@ -74,6 +77,8 @@ impl Trainer {
             };
             g.backward(scaled)?;
         }
+        // values and gradients back to the host: the optimizer below runs there
+        self.ps.to_host()?;
         let mut loss = (loss_sum / accum as f64) as f32;
         let step_no = self.step + 1;
         if self.inject_nan_at_step == Some(step_no) {

@@ -1,0 +1,111 @@
+//! `--device cpu|cuda|auto`: where `train`, `compare` and `sample` compute, decided before
+//! anything is written and printed at start (on stderr: `sample` writes text on stdout).
+//!
+//! `train` runs its forward and backward passes on a CUDA device through autograd's `Graph`
+//! ([`trainer::train::Trainer::set_device`]) when every linear layer of the recipe has FP32 or
+//! BF16 operands (the quantized device linear is not wired yet); the optimizer, evaluation and
+//! checkpoints stay on the host. `compare` and `sample` run on the CPU (`sample`'s KV-cache
+//! attention has no CUDA kernel yet). `--device cuda` where the command cannot use the device
+//! is an error before anything is written; `auto` then chooses the CPU and says why.
+
+use std::sync::Arc;
+
+use anyhow::{bail, Result};
+use autograd::backend::DeviceBackend;
+use clap::ValueEnum;
+use quant::{GemmPolicy, OperandQuant};
+use trainer::recipe::Recipe;
+
+/// The `--device` flag.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, ValueEnum)]
+pub enum DeviceArg {
+    /// The CUDA device when one is present and the command runs on it, else the CPU.
+    #[default]
+    Auto,
+    /// The CPU.
+    Cpu,
+    /// The first CUDA device (compute capability 9.0+); an error without one.
+    Cuda,
+}
+
+/// Whether every GEMM operand of `p` is FP32 or BF16 (what the device linear runs).
+fn fp32_or_bf16(p: &GemmPolicy) -> bool {
+    [p.fprop, p.dgrad, p.wgrad]
+        .iter()
+        .flat_map(|g| [g.a, g.b])
+        .all(|q| q.is_identity() || q == OperandQuant::BF16)
+}
+
+/// Why `recipe` cannot train on the device, if it cannot.
+fn recipe_blocker(recipe: &Recipe) -> Option<String> {
+    let mut policies = vec![&recipe.linear];
+    policies.extend(recipe.overrides.iter().map(|o| &o.policy));
+    policies.extend(recipe.schedule.as_ref().map(|s| &s.target));
+    (!policies.into_iter().all(fp32_or_bf16)).then(|| {
+        format!(
+            "recipe {} quantizes GEMM operands below BF16, and the device linear runs FP32 and \
+             BF16 operands only so far",
+            recipe.name
+        )
+    })
+}
+
+/// Resolves `arg` for `command`: the device to train on (`None`: the CPU), with the choice
+/// printed. `recipe` is the recipe `train` runs (`None` for commands that never use the
+/// device). `--device cuda` fails here, before any output is written.
+pub fn resolve(
+    arg: DeviceArg,
+    command: &str,
+    recipe: Option<&Recipe>,
+) -> Result<Option<Arc<DeviceBackend>>> {
+    let blocker = match recipe {
+        None => Some(format!(
+            "{command} does not run on a CUDA device yet (only train does)"
+        )),
+        Some(r) => recipe_blocker(r),
+    };
+    match arg {
+        DeviceArg::Cpu => {
+            eprintln!("device: cpu");
+            Ok(None)
+        }
+        DeviceArg::Cuda => {
+            let be = match DeviceBackend::cuda() {
+                Ok(be) => be,
+                Err(e) => bail!("--device cuda: {e}"),
+            };
+            if let Some(why) = blocker {
+                bail!("--device cuda: {why}; use --device cpu");
+            }
+            eprintln!("device: cuda");
+            Ok(Some(be))
+        }
+        DeviceArg::Auto => match (DeviceBackend::cuda(), blocker) {
+            (Err(e), _) => {
+                eprintln!("device: cpu (auto: {e})");
+                Ok(None)
+            }
+            (Ok(_), Some(why)) => {
+                eprintln!("device: cpu (auto: a CUDA device is present, but {why})");
+                Ok(None)
+            }
+            (Ok(be), None) => {
+                eprintln!("device: cuda (auto)");
+                Ok(Some(be))
+            }
+        },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn recipes_on_the_device() {
+        assert!(recipe_blocker(&Recipe::builtin("bf16").unwrap()).is_none());
+        assert!(recipe_blocker(&Recipe::builtin("fp32").unwrap()).is_none());
+        let nv = recipe_blocker(&Recipe::builtin("nvfp4").unwrap()).unwrap();
+        assert!(nv.contains("below BF16"), "{nv}");
+    }
+}

@@ -1,0 +1,59 @@
+//! The `--device` flag of `train`, `compare` and `sample`: `cuda` fails before anything is
+//! written, with a message that says what to do; `auto` and `cpu` train on the CPU and say so.
+
+mod common;
+use common::{stderr, trainer};
+
+#[test]
+fn device_cuda_fails_cleanly_and_writes_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("run");
+    let out_s = out.to_str().unwrap();
+    for args in [
+        &[
+            "train", "--preset", "tiny", "--steps", "1", "--device", "cuda", "--out", out_s,
+        ][..],
+        &[
+            "compare", "--preset", "tiny", "--steps", "1", "--device", "cuda", "--out", out_s,
+        ],
+        &["sample", out_s, "--device", "cuda"],
+    ] {
+        let o = trainer(args);
+        assert!(!o.status.success(), "{args:?}");
+        let err = stderr(&o);
+        // no driver here ("no CUDA device: ..."), or on a GPU machine: not yet on the device
+        assert!(
+            err.contains("--device cuda: ") && err.contains("--device cpu"),
+            "{args:?}: {err}"
+        );
+        assert!(!err.contains("panicked"), "{err}");
+        assert!(!out.exists(), "{args:?} wrote {}", out.display());
+    }
+    let o = trainer(&["train", "--device", "tpu"]);
+    assert!(!o.status.success());
+    assert!(stderr(&o).contains("cpu, cuda"), "{}", stderr(&o));
+}
+
+#[test]
+fn device_auto_and_cpu_train_on_the_cpu() {
+    let dir = tempfile::tempdir().unwrap();
+    for (dev, want) in [("auto", "device: cpu (auto: "), ("cpu", "device: cpu\n")] {
+        let out = dir.path().join(dev);
+        let o = trainer(&[
+            "train",
+            "--preset",
+            "tiny",
+            "--steps",
+            "2",
+            "--quiet",
+            "--device",
+            dev,
+            "--out",
+            out.to_str().unwrap(),
+        ]);
+        let err = stderr(&o);
+        assert!(o.status.success(), "{err}");
+        assert!(err.starts_with(want), "{err}");
+        assert!(out.join("run.toml").is_file());
+    }
+}
