@@ -29,16 +29,30 @@
 //! (`emu::Emu`, feature `emu`) implements it for NVFP4 on host buffers.
 //!
 //! ```no_run
-//! use kernels_cuda::{probe, Gpu, GpuContext};
-//! use quant::{MatRef, OperandQuant, QuantState, Quantizer, QuantizerBackend, Usage};
-//! let Gpu::Ready(ctx) = probe() else { return };
-//! let gpu = GpuContext::new(ctx).unwrap();
-//! let x: Vec<f32> = (0..256 * 512).map(|i| (i as f32 * 0.01).sin()).collect();
-//! let dx = gpu.upload(&x, 256, 512).unwrap();
-//! let q = Quantizer::new(OperandQuant::nvfp4(), Usage::Rowwise).unwrap();
-//! let t = gpu.quantize(&q, &dx, &mut QuantState::new()).unwrap();
-//! let cpu = q.quantize(MatRef::new(&x, 256, 512).unwrap(), &mut QuantState::new()).unwrap();
-//! assert_eq!(t.to_host().unwrap(), cpu);
+//! use kernels_cuda::{probe, Gpu, GpuContext, KernelError};
+//! use quant::{GemmPolicy, MatRef, QuantState, Quantizer, QuantizerBackend, RngKey, Usage};
+//!
+//! fn main() -> Result<(), KernelError> {
+//!     let Gpu::Ready(ctx) = probe() else { return Ok(()) }; // never panics
+//!     let gpu = GpuContext::new(ctx)?; // loads sm_90a / sm_100a / compute_90 PTX
+//!     let (rows, cols) = (256, 512);
+//!     let host: Vec<f32> = (0..rows * cols).map(|i| (i as f32 * 0.01).sin()).collect();
+//!     let x = gpu.upload(&host, rows, cols)?;
+//!     let p = GemmPolicy::nvfp4_paper();
+//!     let key = |stream| RngKey { seed: 1, stream };
+//!     let mut st = QuantState::new();
+//!     // One quantizer, two backends, the same bytes.
+//!     let xq = Quantizer::new(p.fprop.a, Usage::Rowwise)?.with_key(key(0));
+//!     let t = gpu.quantize(&xq, &x, &mut st)?;
+//!     assert_eq!(t.to_host()?, xq.quantize(MatRef::new(&host, rows, cols)?, &mut st)?);
+//!     // dY: rowwise 1x16 SR (Dgrad) and columnwise 1x16 SR + RHT (Wgrad) from one read.
+//!     let dgrad = Quantizer::new(p.dgrad.a, Usage::Rowwise)?.with_key(key(1));
+//!     let wgrad = Quantizer::new(p.wgrad.a, Usage::Columnwise)?.with_key(key(2));
+//!     let (_dy_row, _dy_col) = gpu.cast_transpose(&x, &dgrad, &wgrad, &mut st)?;
+//!     // FP8 native; NVFP4 / MX emulated (sm_90) or block-scaled (sm_100).
+//!     let _y = gpu.gemm_quantized(&t, &t)?;
+//!     Ok(())
+//! }
 //! ```
 #![warn(missing_docs)]
 
@@ -105,3 +119,4 @@ pub enum KernelError {
 
 /// `Result` with [`KernelError`].
 pub type Result<T, E = KernelError> = std::result::Result<T, E>;
+

@@ -53,3 +53,8 @@ pub struct RngKey {
     /// Stream id: distinct per tensor, layer, GEMM role and step.
     pub stream: u64,
 }
+
+/// The README's examples, compiled and run as doctests.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct ReadmeDoctests;
