@@ -5,11 +5,11 @@ use std::process::Command as Process;
 
 use anyhow::{bail, Context, Result};
 use clap::{Args, Subcommand};
-use trainer::data::DataSource;
 use trainer::recipe::Recipe;
 use trainer::rl::compare::{write_report, GridRun};
 use trainer::rl::config::RlConfig;
 use trainer::rl::correction::Correction;
+use trainer::rl::mix::{pretrain_data, MixTokenizer};
 use trainer::rl::plan::Plan;
 use trainer::rl::run::{RlOptions, RlRun};
 use trainer::rl::tasks::Task;
@@ -85,6 +85,14 @@ pub struct RlSettings {
     /// Held-out prompts.
     #[arg(long)]
     eval_prompts: Option<usize>,
+    /// Divergence guard: stop when a step's sampler/trainer k3 KL estimate exceeds this (0 =
+    /// off).
+    #[arg(long)]
+    guard_max_k3: Option<f64>,
+    /// Divergence guard: stop when the rollout or held-out pass rate falls below this
+    /// fraction of its best (0 = off).
+    #[arg(long)]
+    guard_collapse: Option<f64>,
 }
 
 impl RlSettings {
@@ -112,7 +120,9 @@ impl RlSettings {
             kl_coef,
             correction_c,
             eval_every,
-            eval_prompts
+            eval_prompts,
+            guard_max_k3,
+            guard_collapse
         );
         if self.no_std {
             c.scale_std = false;
@@ -149,6 +159,8 @@ impl RlSettings {
         push("correction-c", self.correction_c.map(|v| v.to_string()));
         push("eval-every", self.eval_every.map(|v| v.to_string()));
         push("eval-prompts", self.eval_prompts.map(|v| v.to_string()));
+        push("guard-max-k3", self.guard_max_k3.map(|v| v.to_string()));
+        push("guard-collapse", self.guard_collapse.map(|v| v.to_string()));
         if self.no_std {
             a.push("--no-std".into());
         }
@@ -184,6 +196,13 @@ struct RlRunArgs {
     /// Model preset of --pretrain-steps.
     #[arg(long, default_value = "small")]
     preset: String,
+    /// Encode the --pretrain-steps mix with this byte-level BPE (a tokenizer.json or a folder
+    /// holding one) instead of bytes.
+    #[arg(long, conflicts_with = "bpe_vocab")]
+    tokenizer: Option<PathBuf>,
+    /// Train a byte-level BPE of N tokens on the --pretrain-steps mix and encode it with it.
+    #[arg(long, value_name = "N")]
+    bpe_vocab: Option<u32>,
     /// Continue the RL run in this directory.
     #[arg(long)]
     resume: Option<PathBuf>,
@@ -265,18 +284,27 @@ fn pretrain(a: &RlRunArgs, plan: &Plan, cfg: &RlConfig, out: &Path, steps: u64) 
         eprintln!("reusing the finished pretraining run {}", dir.display());
         return Ok(dir);
     }
-    std::fs::create_dir_all(out)?;
-    let mix_path = out.join("pretrain-mix.txt");
-    let mix = cfg.task.mix(cfg.seed, 50_000, 200_000);
-    std::fs::write(&mix_path, mix).with_context(|| mix_path.display().to_string())?;
+    let how = match (&a.tokenizer, a.bpe_vocab) {
+        (Some(p), _) => MixTokenizer::File(p.clone()),
+        (None, Some(v)) => MixTokenizer::Train(v),
+        (None, None) => MixTokenizer::Bytes,
+    };
+    let (data, tok) = pretrain_data(cfg.task, cfg.seed, 50_000, 200_000, out, &how)?;
     let mut rc = RunConfig::preset(&a.preset)?;
+    if !tok.is_bytes() {
+        eprintln!(
+            "the mix is encoded with {}; model vocabulary {} -> {}",
+            tok.describe(),
+            rc.model.vocab,
+            tok.vocab_size()
+        );
+        rc.model.vocab = tok.vocab_size() as usize;
+    }
     rc.train.steps = steps;
     rc.train.seed = cfg.seed;
     rc.train.warmup_steps = rc.train.warmup_steps.min(steps);
     rc.train.eval_every = steps.div_ceil(4).max(1);
-    rc.data = DataSource::Text {
-        path: std::fs::canonicalize(&mix_path)?,
-    };
+    rc.data = data;
     let recipe: Recipe = plan.recipe("pretrain")?;
     eprintln!(
         "pretraining {} ({} steps, recipe {}) on the {} mix -> {}",
@@ -301,6 +329,12 @@ fn pretrain(a: &RlRunArgs, plan: &Plan, cfg: &RlConfig, out: &Path, steps: u64) 
 }
 
 fn run_rl_run(a: RlRunArgs) -> Result<()> {
+    if (a.tokenizer.is_some() || a.bpe_vocab.is_some()) && a.pretrain_steps.is_none() {
+        bail!(
+            "--tokenizer and --bpe-vocab encode the mix of --pretrain-steps; a run --from a \
+             checkpoint uses the checkpoint's own tokenizer"
+        );
+    }
     set_threads(a.threads)?;
     trainer::interrupt::install_handlers().ok();
     let opts = RlOptions {
@@ -309,6 +343,7 @@ fn run_rl_run(a: RlRunArgs) -> Result<()> {
         nan_reward_at: std::env::var("NIBBLE_TEST_NAN_REWARD_AT")
             .ok()
             .and_then(|s| s.parse().ok()),
+        ..RlOptions::default()
     };
     let mut run = if let Some(dir) = &a.resume {
         if a.seed.is_some() || a.correction.is_some() || a.out.is_some() {

@@ -132,7 +132,7 @@ fn rl_run_resumes_bit_for_bit_and_stops_on_nan_rewards() {
         nan_reward_at: Some(3),
         ..quiet()
     };
-    let mut run = RlRun::new(tiny_cfg(), plan, &from, &c, opts).unwrap();
+    let mut run = RlRun::new(tiny_cfg(), plan.clone(), &from, &c, opts).unwrap();
     let err = run.run().unwrap_err();
     drop(run);
     assert!(matches!(err, RlError::Diverged { step: 3, .. }), "{err}");
@@ -144,6 +144,27 @@ fn rl_run_resumes_bit_for_bit_and_stops_on_nan_rewards() {
     run.run().unwrap();
     drop(run);
     assert_eq!(final_tensors(&a), final_tensors(&c));
+
+    // a broken sampler at step 3 (its log-probabilities 3 nats low, k3 about 16): the
+    // mismatch guard stops the run before step 3 is recorded; step 2's checkpoint stays
+    let d = tmp.path().join("d");
+    let opts = RlOptions {
+        sampler_fault_at: Some(3),
+        ..quiet()
+    };
+    let mut run = RlRun::new(tiny_cfg(), plan, &from, &d, opts).unwrap();
+    let err = run.run().unwrap_err();
+    drop(run);
+    assert!(matches!(err, RlError::Diverged { step: 3, .. }), "{err}");
+    assert!(err.to_string().contains("step-00000002"), "{err}");
+    let diag = std::fs::read_to_string(d.join("diagnosis.txt")).unwrap();
+    assert!(diag.contains("mismatch spiked: k3 KL estimate"), "{diag}");
+    assert!(!d.join("checkpoints/step-00000003").exists());
+    assert_eq!(metrics_without_timing(&d).len(), 2);
+    let mut run = RlRun::resume(&d, quiet()).unwrap();
+    run.run().unwrap();
+    drop(run);
+    assert_eq!(final_tensors(&a), final_tensors(&d));
 }
 
 #[test]
@@ -175,11 +196,11 @@ fn bad_input_is_refused_before_anything_is_written() {
     );
     assert!(e.contains("context of 32"), "{e}");
     assert!(!out.join("rl.toml").exists());
-    // a model trained on token ids, not bytes
+    // a model trained on bare token ids: no tokenizer to encode the prompts with
     let other = tempfile::tempdir().unwrap();
     let from_ids = pretrained(other.path(), 512);
     let e = err(tiny_cfg(), &from_ids);
-    assert!(e.contains("not byte-level"), "{e}");
+    assert!(e.contains("no tokenizer was found"), "{e}");
     // an existing run is not overwritten
     let mut run = RlRun::new(
         RlConfig {
@@ -205,6 +226,10 @@ fn bad_input_is_refused_before_anything_is_written() {
         (vec!["--task", "sort"], "valid: add, reverse"),
         (vec!["--correction", "tis"], "valid: none, token-tis"),
         (vec!["--group", "1"], "at least 2"),
+        (
+            vec!["--guard-collapse", "1.5"],
+            "guard_collapse (1.5) must be in [0, 1)",
+        ),
     ] {
         let mut a = vec!["rl", "--from", &f, "--out", &o, "--quiet"];
         a.extend(args);

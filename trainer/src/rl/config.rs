@@ -61,6 +61,16 @@ pub struct RlConfig {
     pub calibration: usize,
     /// Checkpoints kept (2).
     pub keep_checkpoints: usize,
+    /// Divergence guard ([`super::guard`]): stop when a step's k3 KL estimate between
+    /// sampler and trainer exceeds this (1.0; 0 = off).
+    pub guard_max_k3: f64,
+    /// Divergence guard: stop when the rollout pass rate over `guard_window` steps, or the
+    /// held-out pass rate, falls below this fraction of its best (0.5; 0 = off).
+    pub guard_collapse: f64,
+    /// Divergence guard: steps of the rollout pass rate's window (5).
+    pub guard_window: usize,
+    /// Divergence guard: collapses are judged once the best pass rate reached this (0.1).
+    pub guard_min_pass: f64,
 }
 
 impl Default for RlConfig {
@@ -88,6 +98,10 @@ impl Default for RlConfig {
             eval_prompts: 200,
             calibration: 64,
             keep_checkpoints: 2,
+            guard_max_k3: 1.0,
+            guard_collapse: 0.5,
+            guard_window: 5,
+            guard_min_pass: 0.1,
         }
     }
 }
@@ -164,6 +178,26 @@ impl RlConfig {
         if !(self.top_p > 0.0 && self.top_p <= 1.0) {
             return bad(format!("top_p ({}) must be in (0, 1]", self.top_p));
         }
+        if !(self.guard_max_k3.is_finite() && self.guard_max_k3 >= 0.0) {
+            return bad(format!(
+                "guard_max_k3 ({}) must be >= 0 (0 = off)",
+                self.guard_max_k3
+            ));
+        }
+        if !((0.0..1.0).contains(&self.guard_collapse)
+            && (0.0..=1.0).contains(&self.guard_min_pass))
+        {
+            return bad(format!(
+                "guard_collapse ({}) must be in [0, 1) and guard_min_pass ({}) in [0, 1]",
+                self.guard_collapse, self.guard_min_pass
+            ));
+        }
+        if !(1..=1000).contains(&self.guard_window) {
+            return bad(format!(
+                "guard_window ({}) must be in 1..=1000",
+                self.guard_window
+            ));
+        }
         Ok(())
     }
 }
@@ -203,7 +237,8 @@ pub enum RlError {
         /// The error.
         source: std::io::Error,
     },
-    /// A NaN or infinite reward, log-probability, loss or gradient: the run stopped.
+    /// A NaN or infinite reward, log-probability, loss or gradient, or the divergence guard
+    /// ([`super::guard`]) tripped: the run stopped.
     #[error("RL run stopped at step {step}: {reason}; the last good checkpoint is {last_checkpoint} (diagnosis in {diagnosis})")]
     Diverged {
         /// The step.

@@ -11,7 +11,7 @@ use super::config::{io_err, RlError};
 use super::correction::Mismatch;
 
 /// One policy-gradient step.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct StepRecord {
     /// Step (1-based).
     pub step: u64,

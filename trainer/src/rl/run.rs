@@ -14,7 +14,13 @@
 //!
 //! Every `eval_every` steps and at the end: held-out pass rate (greedy, BF16 copy of the
 //! policy, the same for every plan) and a checkpoint. A non-finite reward, log-probability,
-//! loss or gradient stops the run with `diagnosis.txt`, keeping the last good checkpoint.
+//! loss or gradient, or the divergence guard ([`super::guard`]: a mismatch spike, a collapse
+//! of the rollout or held-out pass rate) stops the run with `diagnosis.txt`, keeping the last
+//! good checkpoint.
+//!
+//! Prompts are encoded, and completions decoded for the reward, with the tokenizer of the
+//! starting checkpoint ([`super::codec`]: byte-level, or the BPE its run kept as
+//! `tokenizer.json`, copied into the RL run directory).
 
 use std::fs;
 use std::path::{Path, PathBuf};
@@ -25,13 +31,15 @@ use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use optim::{AdamW, AdamWConfig, ParamGroup, ParamSpec};
 
 use super::checkpoint::{self as rlck, RlState, RL_STATE_VERSION};
+use super::codec::TaskCodec;
 use super::config::{io_err, RlConfig, RlError};
 use super::correction::{mismatch, weights};
 use super::grpo::{advantages, logp_grad, token_terms};
+use super::guard::RlGuard;
 use super::metrics::{self, EvalRecord, RlSummary, StepRecord};
 use super::plan::{ActivationScales, Plan};
 use super::sampler::{token_logprob, GenConfig, PolicySampler, Rollout};
-use super::tasks::{Example, Split, STOP};
+use super::tasks::{Example, Split};
 use crate::model::{Gpt, ModelConfig, Precision};
 use crate::recipe::Recipe;
 use crate::rng::Xoshiro256StarStar;
@@ -49,6 +57,7 @@ pub const RL_RUN_FILES: &[&str] = &[
     "summary.json",
     "diagnosis.txt",
     "checkpoints",
+    crate::data::TOKENIZER_FILE,
 ];
 
 /// Options that are not part of the run's identity.
@@ -60,6 +69,9 @@ pub struct RlOptions {
     pub stop_after: Option<u64>,
     /// Make the rewards of this step NaN (a test of the guard).
     pub nan_reward_at: Option<u64>,
+    /// Lower the sampler's log-probabilities of this step by 3 nats, as a broken sampler
+    /// would (a test of the guard's mismatch check).
+    pub sampler_fault_at: Option<u64>,
 }
 
 /// An RL run in progress.
@@ -83,11 +95,9 @@ pub struct RlRun {
     calibration: Vec<Vec<u32>>,
     last_checkpoint: Option<PathBuf>,
     opts: RlOptions,
+    codec: TaskCodec,
+    guard: RlGuard,
     _lock: Option<crate::rundir::RunLock>,
-}
-
-fn bytes(s: &str) -> Vec<u32> {
-    s.bytes().map(u32::from).collect()
 }
 
 fn param_layout(ps: &ParamStore, model: &Gpt) -> Vec<ParamSpec> {
@@ -99,14 +109,49 @@ fn param_layout(ps: &ParamStore, model: &Gpt) -> Vec<ParamSpec> {
         .collect()
 }
 
-fn longest_prompt(cfg: &RlConfig, eval: &[Example]) -> usize {
+/// Checks that the codec expresses the task on the held-out set and the first training and
+/// calibration examples; returns the longest prompt in tokens.
+fn check_task(
+    cfg: &RlConfig,
+    codec: &TaskCodec,
+    eval: &[Example],
+    calibration: &[Example],
+) -> Result<usize, RlError> {
     let train = cfg.task.examples(cfg.seed, Split::Train, 256);
-    train
-        .iter()
-        .chain(eval)
-        .map(|e| e.prompt.len())
-        .max()
-        .unwrap_or(0)
+    let all: Vec<Example> = train.into_iter().chain(eval.iter().cloned()).collect();
+    codec.check(cfg.task, &all)?;
+    codec.check(cfg.task, calibration)?;
+    let mut longest = 0;
+    for e in &all {
+        longest = longest.max(codec.prompt(e)?.len());
+    }
+    Ok(longest)
+}
+
+/// The tokenizer of the pretraining checkpoint `dir` (its run's `tokenizer.json`, or the one
+/// its data implies) as a codec for a model of `vocab` tokens.
+fn codec_of(from: &Path, dir: &Path, vocab: usize) -> Result<TaskCodec, RlError> {
+    let tok = crate::hf::tokenizer_of(from).map_err(|e| RlError::Invalid(e.to_string()))?;
+    match tok {
+        None => Err(RlError::Invalid(format!(
+            "{}: no tokenizer was found with this checkpoint (it was trained on a bare token \
+             shard, vocabulary {vocab}), so the task's prompts cannot be encoded; train on a \
+             `trainer tokenize` folder (its run keeps tokenizer.json) or on text",
+            dir.display()
+        ))),
+        Some(t) if t.is_bytes() => {
+            if vocab < crate::data::BYTE_VOCAB as usize {
+                return Err(RlError::Invalid(format!(
+                    "{}: the task's prompts are bytes, but this checkpoint's vocabulary ({vocab} \
+                     tokens) is not byte-level",
+                    dir.display()
+                )));
+            }
+            Ok(TaskCodec::bytes())
+        }
+        Some(t) => TaskCodec::new(t, vocab)
+            .map_err(|e| RlError::Invalid(format!("{}: {e}", dir.display()))),
+    }
 }
 
 impl RlRun {
@@ -122,19 +167,7 @@ impl RlRun {
         cfg.validate()?;
         plan.validate()?;
         let ck = crate::checkpoint::load(from)?;
-        if matches!(ck.state.data, crate::data::DataSource::Shard { .. })
-            || ck.state.model.vocab < 256
-        {
-            return Err(RlError::Invalid(format!(
-                "{}: the task's prompts are bytes, but this checkpoint's vocabulary ({} tokens, data {}) is not byte-level",
-                ck.dir.display(),
-                ck.state.model.vocab,
-                match ck.state.data {
-                    crate::data::DataSource::Shard { .. } => "a token shard",
-                    _ => "text",
-                }
-            )));
-        }
+        let codec = codec_of(from, &ck.dir, ck.state.model.vocab)?;
         let mut ps = ParamStore::new();
         let model = Gpt::new(&mut ps, ck.state.model.clone(), 0)?;
         ck.apply(&mut ps)?;
@@ -157,6 +190,7 @@ impl RlRun {
             rng,
             ck.dir.display().to_string(),
             opts,
+            codec,
         )?;
         run._lock = Some(crate::rundir::RunLock::acquire(out)?);
         let present: Vec<&str> = RL_RUN_FILES
@@ -182,8 +216,12 @@ impl RlRun {
             toml::to_string(&run.cfg).expect("config serializes"),
         )?;
         w("plan.toml", run.plan.to_toml())?;
+        if !run.codec.tokenizer().is_bytes() {
+            w(crate::data::TOKENIZER_FILE, run.codec.tokenizer().to_json())?;
+        }
         let (greedy, sampled) = run.evaluate()?;
         run.initial_pass_rate = greedy;
+        run.guard.record_eval(greedy);
         metrics::append(
             &out.join("eval.jsonl"),
             &EvalRecord {
@@ -216,8 +254,16 @@ impl RlRun {
         };
         let mut opt = Self::optimizer(&ps, &model)?;
         opt.load_state(&ck.optimizer)?;
+        let tpath = dir.join(crate::data::TOKENIZER_FILE);
+        let codec = if tpath.is_file() {
+            let t = crate::data::Tokenizer::from_file(&tpath)
+                .map_err(|e| RlError::Invalid(e.to_string()))?;
+            TaskCodec::new(t, s.model.vocab)?
+        } else {
+            TaskCodec::bytes()
+        };
         let mut run = Self::build(
-            s.config, s.plan, dir, model, ps, reference, opt, s.rng, s.start, opts,
+            s.config, s.plan, dir, model, ps, reference, opt, s.rng, s.start, opts, codec,
         )?;
         run._lock = Some(crate::rundir::RunLock::acquire(dir)?);
         run.step = s.step;
@@ -226,6 +272,11 @@ impl RlRun {
         run.last_checkpoint = Some(ckdir);
         metrics::trim(&dir.join("metrics.jsonl"), s.step)?;
         metrics::trim(&dir.join("eval.jsonl"), s.step)?;
+        run.guard = RlGuard::replay(
+            &run.cfg,
+            &metrics::read(&dir.join("metrics.jsonl"))?,
+            &metrics::read(&dir.join("eval.jsonl"))?,
+        );
         Ok(run)
     }
 
@@ -254,11 +305,15 @@ impl RlRun {
         rng: Xoshiro256StarStar,
         start: String,
         opts: RlOptions,
+        codec: TaskCodec,
     ) -> Result<RlRun, RlError> {
         let eval_set = cfg
             .task
             .examples(EVAL_SEED, Split::HeldOut, cfg.eval_prompts);
-        let longest = longest_prompt(&cfg, &eval_set);
+        let cal_examples = cfg
+            .task
+            .examples(cfg.seed ^ 0xca1, Split::Train, cfg.calibration);
+        let longest = check_task(&cfg, &codec, &eval_set, &cal_examples)?;
         if longest + cfg.gen_tokens() > model.cfg.seq {
             return Err(RlError::Invalid(format!(
                 "prompts of up to {longest} tokens plus {} new tokens do not fit the model's context of {} tokens",
@@ -273,12 +328,10 @@ impl RlRun {
                 * model.cfg.vocab as u128
                 * 12,
         )?;
-        let calibration: Vec<Vec<u32>> = cfg
-            .task
-            .examples(cfg.seed ^ 0xca1, Split::Train, cfg.calibration)
+        let calibration: Vec<Vec<u32>> = cal_examples
             .iter()
-            .map(|e| bytes(&format!("{}{}\n", e.prompt, e.answer)))
-            .collect();
+            .map(|e| codec.sequence(e))
+            .collect::<Result<_, _>>()?;
         let trainer_recipe = plan.recipe("rl-trainer")?;
         let sampler = PolicySampler::new(
             &model,
@@ -294,6 +347,7 @@ impl RlRun {
             ActivationScales::Dynamic,
             &[],
         )?;
+        let guard = RlGuard::new(&cfg);
         Ok(RlRun {
             cfg,
             plan,
@@ -314,6 +368,8 @@ impl RlRun {
             calibration,
             last_checkpoint: None,
             opts,
+            guard,
+            codec,
             _lock: None,
         })
     }
@@ -337,7 +393,11 @@ impl RlRun {
     /// prompt at temperature 1 (seed 0).
     pub fn evaluate(&mut self) -> Result<(f64, f64), RlError> {
         self.evaluator.sync(&self.ps, &[])?;
-        let prompts: Vec<Vec<u32>> = self.eval_set.iter().map(|e| bytes(&e.prompt)).collect();
+        let prompts: Vec<Vec<u32>> = self
+            .eval_set
+            .iter()
+            .map(|e| self.codec.prompt(e))
+            .collect::<Result<_, _>>()?;
         let mut rates = [0.0; 2];
         for (rate, temperature) in rates.iter_mut().zip([0.0, 1.0]) {
             let gen = GenConfig {
@@ -345,14 +405,14 @@ impl RlRun {
                 temperature,
                 top_k: 0,
                 top_p: 1.0,
-                stop: vec![STOP as u32],
+                stop: vec![self.codec.stop()],
             };
             let rolls = self.evaluator.generate(&prompts, &gen, 0)?;
             let pass = self
                 .eval_set
                 .iter()
                 .zip(&rolls)
-                .filter(|(e, r)| self.cfg.task.reward(e, &to_bytes(&r.tokens)) == 1.0)
+                .filter(|(e, r)| self.codec.reward(self.cfg.task, e, &r.tokens) == 1.0)
                 .count();
             *rate = pass as f64 / prompts.len() as f64;
         }
@@ -378,7 +438,7 @@ impl RlRun {
         while (r * t) % 16 != 0 {
             t += 1;
         }
-        let mut tokens = vec![STOP as u32; r * t];
+        let mut tokens = vec![self.codec.stop(); r * t];
         for (j, ro) in rolls.iter().enumerate() {
             let row = &mut tokens[j * t..(j + 1) * t];
             row[..ro.prompt.len()].copy_from_slice(&ro.prompt);
@@ -454,26 +514,32 @@ impl RlRun {
             .examples(cfg.seed, Split::Train, self.cursor as usize + p);
         let examples = &all[self.cursor as usize..];
         self.sampler.sync(&self.ps, &self.calibration)?;
-        let prompts: Vec<Vec<u32>> = examples
-            .iter()
-            .flat_map(|e| std::iter::repeat_n(bytes(&e.prompt), gsize))
-            .collect();
+        let mut prompts: Vec<Vec<u32>> = Vec::with_capacity(p * gsize);
+        for e in examples {
+            let ids = self.codec.prompt(e)?;
+            prompts.extend(std::iter::repeat_n(ids, gsize));
+        }
         let gen = GenConfig {
             max_tokens: cfg.gen_tokens(),
             temperature: cfg.temperature,
             top_k: cfg.top_k,
             top_p: cfg.top_p,
-            stop: vec![STOP as u32],
+            stop: vec![self.codec.stop()],
         };
         let seed = self.rng.next_u64();
         let ts = Instant::now();
-        let rolls = self.sampler.generate(&prompts, &gen, seed)?;
+        let mut rolls = self.sampler.generate(&prompts, &gen, seed)?;
+        if self.opts.sampler_fault_at == Some(step_no) {
+            for l in rolls.iter_mut().flat_map(|r| r.logprobs.iter_mut()) {
+                *l -= 3.0;
+            }
+        }
         let sample_s = ts.elapsed().as_secs_f64();
         let sampled_tokens: usize = rolls.iter().map(|r| r.prompt.len() + r.tokens.len()).sum();
         let mut rewards: Vec<f32> = rolls
             .iter()
             .enumerate()
-            .map(|(i, r)| cfg.task.reward(&examples[i / gsize], &to_bytes(&r.tokens)))
+            .map(|(i, r)| self.codec.reward(cfg.task, &examples[i / gsize], &r.tokens))
             .collect();
         if self.opts.nan_reward_at == Some(step_no) {
             rewards[0] = f32::NAN;
@@ -635,15 +701,20 @@ impl RlRun {
             return Err(self.diverged(step_no, "a trainer log-probability is not finite".into()));
         }
         let mm = mismatch(&lt, &ls);
+        let n = n_roll as f64;
+        let pass_rate = rewards.iter().filter(|&&r| r == 1.0).count() as f64 / n;
+        if let Some(why) = self.guard.check_step(pass_rate, mm.k3) {
+            return Err(self.diverged(step_no, why));
+        }
+        self.guard.record_step(pass_rate);
         let trained_tokens: usize = rolls.iter().map(|r| r.prompt.len() + r.tokens.len()).sum();
         let ntok_f = ntok_all.max(1) as f64;
-        let n = n_roll as f64;
         self.step = step_no;
         self.cursor += p as u64;
         Ok(StepRecord {
             step: step_no,
             reward: rewards.iter().map(|&r| r as f64).sum::<f64>() / n,
-            pass_rate: rewards.iter().filter(|&&r| r == 1.0).count() as f64 / n,
+            pass_rate,
             response_len: rolls.iter().map(|r| r.tokens.len() as f64).sum::<f64>() / n,
             entropy: rolls
                 .iter()
@@ -725,6 +796,11 @@ impl RlRun {
             bar.set_position(self.step);
             if self.step % self.cfg.eval_every == 0 || self.step == total {
                 let (greedy, sampled) = self.evaluate()?;
+                if let Some(why) = self.guard.check_eval(greedy) {
+                    bar.abandon();
+                    return Err(self.diverged(self.step, why));
+                }
+                self.guard.record_eval(greedy);
                 last_eval = greedy;
                 metrics::append(
                     &epath,
@@ -799,8 +875,4 @@ impl RlRun {
     pub fn model_config(&self) -> &ModelConfig {
         &self.model.cfg
     }
-}
-
-fn to_bytes(tokens: &[u32]) -> Vec<u8> {
-    tokens.iter().map(|&t| t.min(255) as u8).collect()
 }
