@@ -1,8 +1,9 @@
 //! Text generation from a checkpoint at a chosen precision (the "RL sampler" stage): the
 //! forward pass runs with gradients off and every linear layer's Fprop under the chosen
 //! recipe's policy at progress 0 (so a quantized recipe's late switch to BF16 does not
-//! apply). Temperature and top-k sampling from seeded xoshiro256** streams, through the
-//! KV-cache sampler of [`crate::rl::sampler`]; [`Sampler::next_logits`] is the full
+//! apply). Temperature, top-k and top-p sampling from seeded xoshiro256** streams, ending at
+//! a stop token or after a number of tokens, through the KV-cache sampler of
+//! [`crate::rl::sampler`]; [`Sampler::next_logits`] is the full
 //! recomputation (the whole context re-run for one token), kept as the reference the cache is
 //! tested and benchmarked against.
 
@@ -31,8 +32,57 @@ pub struct SampleConfig {
     pub temperature: f32,
     /// Keep only the `top_k` most likely tokens (0 = all).
     pub top_k: usize,
+    /// Keep the smallest set of most likely tokens whose probability reaches `top_p`, in
+    /// `(0, 1]` (1 = all).
+    #[serde(default = "one")]
+    pub top_p: f32,
+    /// Stop after generating one of these tokens (it is the last token returned).
+    #[serde(default)]
+    pub stop: Vec<u32>,
     /// Seed of the sampling stream.
     pub seed: u64,
+}
+
+fn one() -> f32 {
+    1.0
+}
+
+impl SampleConfig {
+    /// Checks the settings for a model of `vocab` tokens: temperature finite and `>= 0`,
+    /// `top_p` in `(0, 1]`, at most [`MAX_SAMPLE_TOKENS`] tokens, stop tokens in the
+    /// vocabulary.
+    ///
+    /// ```
+    /// use trainer::sample::SampleConfig;
+    /// let c = SampleConfig { tokens: 8, temperature: 0.8, top_k: 0, top_p: 0.9, stop: vec![10], seed: 0 };
+    /// assert!(c.validate(256).is_ok());
+    /// assert!(SampleConfig { top_p: 0.0, ..c.clone() }.validate(256).is_err());
+    /// assert!(SampleConfig { stop: vec![300], ..c }.validate(256).is_err());
+    /// ```
+    pub fn validate(&self, vocab: usize) -> Result<(), TrainError> {
+        let bad = |m: String| Err(TrainError::Sampling(m));
+        if !(self.temperature.is_finite() && self.temperature >= 0.0) {
+            return bad(format!(
+                "temperature {} must be finite and >= 0",
+                self.temperature
+            ));
+        }
+        if !(self.top_p > 0.0 && self.top_p <= 1.0) {
+            return bad(format!("top-p {} must be in (0, 1]", self.top_p));
+        }
+        if self.tokens > MAX_SAMPLE_TOKENS {
+            return bad(format!(
+                "{} tokens requested; at most {MAX_SAMPLE_TOKENS} per call",
+                self.tokens
+            ));
+        }
+        if let Some(&t) = self.stop.iter().find(|&&t| t as usize >= vocab) {
+            return bad(format!(
+                "stop token {t} is outside the vocabulary ({vocab})"
+            ));
+        }
+        Ok(())
+    }
 }
 
 /// A model loaded for inference.
@@ -93,7 +143,8 @@ impl Sampler {
         Ok(v[(ctx.len() - 1) * vocab..ctx.len() * vocab].to_vec())
     }
 
-    /// Generates `cfg.tokens` tokens after `prompt`; returns only the new tokens.
+    /// Generates `cfg.tokens` tokens after `prompt`, or fewer when a stop token comes
+    /// first (it is the last token returned); returns only the new tokens.
     ///
     /// Runs the KV-cache sampler ([`crate::rl::sampler::PolicySampler`]: weights quantized
     /// once, a prefill, then one decode step per token). The context is the last `seq - 1`
@@ -101,18 +152,7 @@ impl Sampler {
     /// of the last `seq / 2` tokens (a context shift), each such window drawing from its own
     /// random stream (`seed + window`).
     pub fn generate(&mut self, prompt: &[u32], cfg: &SampleConfig) -> Result<Vec<u32>, TrainError> {
-        if !(cfg.temperature.is_finite() && cfg.temperature >= 0.0) {
-            return Err(TrainError::Sampling(format!(
-                "temperature {} must be finite and >= 0",
-                cfg.temperature
-            )));
-        }
-        if cfg.tokens > MAX_SAMPLE_TOKENS {
-            return Err(TrainError::Sampling(format!(
-                "{} tokens requested; at most {MAX_SAMPLE_TOKENS} per call",
-                cfg.tokens
-            )));
-        }
+        cfg.validate(self.model.cfg.vocab)?;
         if prompt.is_empty() {
             return Err(TrainError::Sampling(
                 "sampling needs a non-empty prompt".into(),
@@ -146,13 +186,16 @@ impl Sampler {
                 max_tokens: n,
                 temperature: cfg.temperature,
                 top_k: cfg.top_k,
-                top_p: 1.0,
-                stop: vec![],
+                top_p: cfg.top_p,
+                stop: cfg.stop.clone(),
             };
             let rolls = sampler.generate(&[tail], &gen, cfg.seed.wrapping_add(window))?;
             let new = &rolls[0].tokens;
             ctx.extend_from_slice(new);
             out.extend_from_slice(new);
+            if rolls[0].stopped {
+                break;
+            }
             window += 1;
         }
         Ok(out)

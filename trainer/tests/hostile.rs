@@ -257,6 +257,8 @@ fn huge_sizes_are_refused_with_the_estimate() {
                 tokens: usize::MAX,
                 temperature: 0.0,
                 top_k: 0,
+                top_p: 1.0,
+                stop: vec![],
                 seed: 0,
             },
         )

@@ -222,6 +222,8 @@ fn sampling_is_seeded_and_runs_at_any_precision() {
         tokens: 12,
         temperature: 0.8,
         top_k: 10,
+        top_p: 1.0,
+        stop: vec![],
         seed: 3,
     };
     let prompt: Vec<u32> = b"Once".iter().map(|&b| b as u32).collect();
