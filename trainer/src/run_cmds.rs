@@ -11,6 +11,8 @@ use trainer::recipe::Recipe;
 use trainer::sample::{SampleConfig, Sampler};
 use trainer::train::{RunConfig, TrainError, TrainOptions, Trainer};
 
+use crate::device_cmd::{self, DeviceArg};
+
 /// Model, data and run settings shared by `train` and `compare`.
 #[derive(Args, Debug, Clone)]
 pub struct RunArgs {
@@ -40,6 +42,10 @@ pub struct RunArgs {
     /// Hide the progress bar.
     #[arg(long)]
     quiet: bool,
+    /// Where to compute: cpu, cuda, or auto (cuda when a driver, a device and the CUDA path
+    /// for this command are present, else cpu; printed at start).
+    #[arg(long, value_enum, default_value_t = DeviceArg::Auto)]
+    device: DeviceArg,
 }
 
 /// `trainer train`.
@@ -106,6 +112,9 @@ pub struct CompareArgs {
 pub struct SampleArgs {
     /// Checkpoint directory or run directory.
     checkpoint: PathBuf,
+    /// Where to compute: cpu, cuda or auto (see `train --help`).
+    #[arg(long, value_enum, default_value_t = DeviceArg::Auto)]
+    device: DeviceArg,
     /// Precision of weights and activations in the forward pass (a recipe; its Fprop
     /// policies apply, without its late switch).
     #[arg(long, default_value = "bf16")]
@@ -365,6 +374,9 @@ pub fn run_train(args: TrainArgs) -> Result<()> {
         }
         tr
     };
+    // nothing is written before this point
+    let dev = device_cmd::resolve(args.run.device, "train", Some(tr.recipe()))?;
+    tr.set_device(dev);
     let out = tr.out_dir().to_path_buf();
     let s = match tr.run() {
         Ok(s) => s,
@@ -388,6 +400,7 @@ pub fn run_train(args: TrainArgs) -> Result<()> {
 }
 
 pub fn run_compare(args: CompareArgs) -> Result<()> {
+    device_cmd::resolve(args.run.device, "compare", None)?;
     set_threads(args.run.threads)?;
     install_stop_handlers()?;
     let cfg = run_config(&args.run)?;
@@ -462,6 +475,7 @@ fn stop_tokens(tok: &trainer::data::Tokenizer, stops: &[String]) -> Result<Vec<u
 }
 
 pub fn run_sample(args: SampleArgs) -> Result<()> {
+    device_cmd::resolve(args.device, "sample", None)?;
     set_threads(args.threads)?;
     let recipe = Recipe::resolve(&args.recipe)?;
     let mut s = Sampler::load(&args.checkpoint, recipe)?;
