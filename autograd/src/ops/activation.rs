@@ -1,9 +1,9 @@
 //! Pointwise non-linearities: GELU (tanh approximation), SiLU, and SwiGLU
 //! (`silu(gate) ⊙ up`).
 
+use crate::backend::Act;
 use crate::cpu::{exp, for_chunks, sigmoid, store, tanh};
 use crate::error::shape_err;
-use crate::backend::Act;
 use crate::graph::backward_fn;
 use crate::{Graph, Result, Tensor};
 

@@ -3,9 +3,9 @@
 
 use rayon::prelude::*;
 
+use crate::backend::NormKind;
 use crate::cpu::{for_rows_with, rows_per_task, simd, store, sum, sum_sq, PAR_MIN};
 use crate::error::{arg_err, shape_err};
-use crate::backend::NormKind;
 use crate::graph::backward_fn;
 use crate::{Graph, Result, Shape, Tensor};
 
