@@ -49,7 +49,7 @@
 use std::cell::Cell;
 
 use crate::config::{Fp8Scaling, OperandQuant, QuantFormat, RoundingMode, Usage};
-use crate::gemm::bf16::{quantized_gemm_tn, Bf16Workspace};
+use crate::gemm::bf16::{quantized_gemm_rounds_inputs, quantized_gemm_tn, Bf16Workspace};
 use crate::gemm::{sgemm, MatRef};
 use crate::{QuantError, QuantState, Quantizer};
 
@@ -149,8 +149,9 @@ pub fn quantized_matmul_tn_with(
     } = ws;
     let qa = a.quantizer.quantizes();
     let qb = b.quantizer.quantizes();
-    let (av, fa) = prepare(a, wa)?;
-    let (bv, fb) = prepare(b, wb)?;
+    let rounds = qa && qb && quantized_gemm_rounds_inputs();
+    let (av, fa) = prepare(a, wa, rounds)?;
+    let (bv, fb) = prepare(b, wb, rounds)?;
     finish((av, fa, qa), (bv, fb, qb), out, packed);
     Ok(())
 }
@@ -275,7 +276,8 @@ pub fn quantized_matmul_tn_prequantized(
     let mut ws = WORKSPACE.with(|c| c.take()).unwrap_or_default();
     let qa = a.quantizer.quantizes();
     let GemmWorkspace { a: wa, packed, .. } = &mut *ws;
-    let r = prepare(a, wa)
+    let rounds = qa && b.quantized && quantized_gemm_rounds_inputs();
+    let r = prepare(a, wa, rounds)
         .map(|(av, fa)| finish((av, fa, qa), (b.values, b.factor, b.quantized), out, packed));
     WORKSPACE.with(|c| c.set(Some(ws)));
     r
@@ -366,11 +368,21 @@ fn quant_state<'s>(
     }
 }
 
-/// The operand as an `[outer, K]` view and its per-tensor factor.
-fn prepare<'a>(op: Operand<'a>, buf: &'a mut Vec<f32>) -> Result<(MatRef<'a>, f32), QuantError> {
+/// The operand as an `[outer, K]` view and its per-tensor factor. `gemm_rounds`: the GEMM
+/// rounds its inputs to BF16 (nearest even) itself, so a BF16 round-to-nearest operand goes
+/// in unrounded, the same bits without a pass over it ([`quantized_gemm_rounds_inputs`]).
+fn prepare<'a>(
+    op: Operand<'a>,
+    buf: &'a mut Vec<f32>,
+    gemm_rounds: bool,
+) -> Result<(MatRef<'a>, f32), QuantError> {
     let (outer, k) = op.gemm_shape();
     let quantizer = op.quantizer;
-    if !quantizer.quantizes() {
+    let spec = quantizer.spec();
+    let bf16_rne = spec.format == QuantFormat::Bf16
+        && spec.rounding == RoundingMode::NearestEven
+        && spec.rht == crate::config::Rht::Off;
+    if !quantizer.quantizes() || (gemm_rounds && bf16_rne) {
         return Ok(match quantizer.usage() {
             Usage::Rowwise => (op.x, 1.0),
             Usage::Columnwise => (op.x.t(), 1.0),

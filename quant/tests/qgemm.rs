@@ -9,7 +9,10 @@ use common::*;
 use fp_formats::mx::{MxElement, ScaleRule};
 use quant::gemm::bf16::{bf16_bits, quantized_gemm_tn, Bf16Workspace};
 use quant::gemm::{matmul_tn, sgemm, MatRef};
-use quant::qgemm::{quantized_matmul_tn, quantized_matmul_tn_with, GemmWorkspace};
+use quant::qgemm::{
+    fake_operand, quantized_matmul_tn, quantized_matmul_tn_prequantized, quantized_matmul_tn_with,
+    GemmWorkspace,
+};
 use quant::{
     AmaxAlgo, BlockShape, Fp8Element, Fp8Scaling, GemmPolicy, OperandQuant, QuantError,
     QuantFormat, QuantState, Quantizer, Rht, RngKey, RoundingMode, Usage,
@@ -113,6 +116,15 @@ fn quantized_equals_fake_quantize_then_gemm() {
         ),
         (mixed, mixed, Usage::Rowwise),
         (OperandQuant::BF16, OperandQuant::F32, Usage::Columnwise),
+        // BF16 round-to-nearest on both sides: handed to the GEMM unrounded where it rounds
+        // its inputs itself (AMX), the same bits
+        (OperandQuant::BF16, OperandQuant::BF16, Usage::Rowwise),
+        (OperandQuant::BF16, OperandQuant::BF16, Usage::Columnwise),
+        (
+            OperandQuant::BF16,
+            OperandQuant::mx(MxElement::E4M3, ScaleRule::Rceil),
+            Usage::Rowwise,
+        ),
         // elementwise formats, columnwise: rounded in the source layout, read transposed
         (
             OperandQuant::fp8_current(Fp8Element::E4M3),
@@ -350,4 +362,58 @@ fn operands_transformed_differently_are_refused() {
     // The same signs on both sides are fine, random ones from one stream too.
     run(&rht, &rht, 0, 0, &mut out).unwrap();
     run(&random, &random, 3, 3, &mut out).unwrap();
+}
+
+/// BF16 round-to-nearest operands at the edges of the rounding (ties to even both ways, values
+/// that round up to the next binade or overflow to infinity, subnormals): the quantized GEMM,
+/// directly and with a prequantized B, equals rounding first and then the BF16 GEMM.
+#[test]
+fn bf16_operands_equal_rounding_first_on_edge_values() {
+    let (m, n, k) = (33, 18, 70);
+    let edge = [
+        1.0 + f32::EPSILON * 64.0,  // tie: rounds down to even
+        1.0 + f32::EPSILON * 192.0, // tie: rounds up to even
+        1.999_999_9,                // rounds up to 2
+        -3.390_e38,                 // rounds to -Inf
+        3.0e-39,                    // subnormal
+        -0.0,
+        0.337,
+    ];
+    let a: Vec<f32> = (0..m * k)
+        .map(|i| edge[i % edge.len()] * if i % 3 == 0 { 1.0 } else { 1e-3 })
+        .collect();
+    let b: Vec<f32> = data(n * k, 9);
+    let round = |x: &[f32]| -> Vec<f32> {
+        x.iter()
+            .map(|&v| f32::from_bits((bf16_bits(v) as u32) << 16))
+            .collect()
+    };
+    let (ra, rb) = (round(&a), round(&b));
+    let mut want = vec![0.0f32; m * n];
+    quantized_gemm_tn(
+        MatRef::row_major(&ra, m, k),
+        MatRef::row_major(&rb, n, k),
+        &mut want,
+        &mut Bf16Workspace::new(),
+    );
+    let q = OperandQuant::BF16;
+    let same = |got: &[f32]| {
+        got.iter()
+            .zip(&want)
+            .all(|(x, y)| x.to_bits() == y.to_bits())
+    };
+    let mut got = vec![0.0f32; m * n];
+    quantized_matmul_tn_with(
+        op(&a, m, k, Usage::Rowwise, &q),
+        op(&b, n, k, Usage::Rowwise, &q),
+        &mut got,
+        &mut GemmWorkspace::new(),
+    )
+    .unwrap();
+    assert!(same(&got), "direct");
+    let mut bq = vec![0.0f32; n * k];
+    let bf = fake_operand(op(&b, n, k, Usage::Rowwise, &q), &mut bq).unwrap();
+    let mut got = vec![0.0f32; m * n];
+    quantized_matmul_tn_prequantized(op(&a, m, k, Usage::Rowwise, &q), bf, &mut got).unwrap();
+    assert!(same(&got), "prequantized B");
 }

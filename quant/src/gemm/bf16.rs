@@ -141,6 +141,22 @@ pub fn quantized_gemm_tn(a: MatRef<'_>, b: MatRef<'_>, out: &mut [f32], ws: &mut
     }
 }
 
+/// Whether [`quantized_gemm_tn`] rounds its inputs to BF16 itself on this machine (the tile
+/// unit's operands are packed with round-to-nearest-even, exactly the BF16 quantizer's RNE
+/// values; NaN stays NaN): then an operand whose quantizer is BF16 with nearest rounding may
+/// go in unrounded, with the same result bit for bit and no rounding pass over it. False
+/// where the product runs on the f32 GEMM, which takes its inputs as they are.
+///
+/// ```
+/// assert_eq!(
+///     quant::gemm::bf16::quantized_gemm_rounds_inputs(),
+///     fp_formats::cpu::has_amx_bf16()
+/// );
+/// ```
+pub fn quantized_gemm_rounds_inputs() -> bool {
+    fp_formats::cpu::has_amx_bf16()
+}
+
 /// [`bf16_gemm_tn`] on the portable code whatever the CPU (for tests and benchmarks that
 /// compare the two; the bits are the same).
 #[doc(hidden)]
