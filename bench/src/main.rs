@@ -8,6 +8,7 @@
 //! bench callgrind --list                         the callgrind kernels and input size
 //! bench gemms --threads T [--rounds N] [--json PATH]  instruction peaks, f32 and BF16 GEMMs
 //! bench checkpoint [--rounds N] [--layers L] [--dir D] [--json PATH]  checkpoint quantization vs a copy
+//! bench decode [--rounds N] [--json PATH]       RL sampler: KV cache vs recomputation, NVFP4 vs BF16
 //! ```
 //!
 //! `kernels` and `callgrind` take `--inject-slowdown KERNEL=FRACTION` (repeatable): that
@@ -123,6 +124,9 @@ enum Cmd {
         /// Interleaved rounds.
         #[arg(long, default_value_t = 5)]
         rounds: usize,
+        /// Write the metrics here (JSON) as well.
+        #[arg(long)]
+        json: Option<PathBuf>,
     },
     /// One call of one kernel, to be counted by `valgrind --tool=callgrind`.
     Callgrind {
@@ -202,7 +206,20 @@ fn main() -> Result<()> {
             }
             Ok(())
         }
-        Cmd::Decode { rounds } => decode::run(rounds.max(1)),
+        Cmd::Decode { rounds, json } => {
+            let metrics = decode::suite(rounds.max(1))?;
+            if json.is_none() {
+                return Ok(());
+            }
+            write(
+                &SuiteReport {
+                    suite: "decode".into(),
+                    rounds,
+                    metrics,
+                },
+                json,
+            )
+        }
         Cmd::Kernels {
             rounds,
             json,

@@ -14,11 +14,13 @@
 //! 2. `bench steps`: a training step of the default model per recipe (fp32, bf16,
 //!    fp8-current, mxfp8, nvfp4), step time over the FP32 step and FP32 thread scaling:
 //!    **gated** ratios, plus absolute ms and tokens/s.
-//! 3. callgrind instruction counts per element of the quantizer hot loops, where valgrind is
+//! 3. `bench decode`: the RL sampler's decoding, KV cache over full recomputation and
+//!    NVFP4-sampler over BF16-sampler decode time: same-run ratios and tokens/s, reported.
+//! 4. callgrind instruction counts per element of the quantizer hot loops, where valgrind is
 //!    installed: **gated** tightly (deterministic for a given binary).
-//! 4. full run only: the criterion benches of every crate (`cargo bench -p fp-formats -p quant
+//! 5. full run only: the criterion benches of every crate (`cargo bench -p fp-formats -p quant
 //!    -p optim`), absolute figures, reported.
-//! 5. with an NVIDIA driver: `kernels-cuda`'s `gpu_bench`, reported.
+//! 6. with an NVIDIA driver: `kernels-cuda`'s `gpu_bench`, reported.
 //!
 //! Writes `target/bench/report.json` and `target/bench/report.md`, compares the gated metrics
 //! with `bench/baseline.json` (instruction counts everywhere, timing ratios against the
@@ -163,6 +165,26 @@ fn measure(
     read_suite(&json)
 }
 
+/// Rounds of `bench decode` in a quick run.
+const DECODE_ROUNDS_QUICK: usize = 3;
+
+/// `bench decode`'s metrics (all reported, never gated).
+fn decode(bench: &Path, out: &Path, rounds: usize) -> Result<Vec<Metric>> {
+    let json = out.join("decode.json");
+    let mut cmd = Command::new(bench);
+    cmd.args(["decode", "--rounds", &rounds.to_string(), "--json"])
+        .arg(&json);
+    run_cmd(&mut cmd)?;
+    let metrics = read_suite(&json)?;
+    if let Some(m) = metrics.iter().find(|m| m.kind.gated()) {
+        bail!(
+            "bench decode reported a gated metric ({}); its figures are reported only",
+            m.name
+        );
+    }
+    Ok(metrics)
+}
+
 fn read_suite(path: &Path) -> Result<Vec<Metric>> {
     let text = fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
     let r: SuiteReport =
@@ -184,6 +206,7 @@ pub fn run(args: &[String]) -> Result<()> {
     let mode = if opts.quick { "quick" } else { "full" };
     let (kernel_rounds, step_rounds, scaling_rounds) =
         if opts.quick { (5, 8, 3) } else { (15, 20, 5) };
+    let decode_rounds = if opts.quick { DECODE_ROUNDS_QUICK } else { 5 };
 
     println!("== cargo xtask bench ({mode}): building the bench binary");
     // The same source must give the same machine code wherever it is checked out: the
@@ -233,6 +256,11 @@ pub fn run(args: &[String]) -> Result<()> {
         rounds_of(Source::Steps),
         &[],
     )?);
+
+    println!(
+        "== RL sampler decode: KV cache vs full recomputation, NVFP4 vs BF16 sampler ({decode_rounds} rounds, reported)"
+    );
+    metrics.extend(decode(&bench, &out, decode_rounds)?);
 
     // --update-baseline --runs N: the timing sources N - 1 times more, for medians and spreads.
     let mut derived = Derived::new();
