@@ -12,6 +12,10 @@
 //!   parameter gradients into the store. [`Graph::no_grad`] / [`Graph::set_grad_enabled`]
 //!   for evaluation and sampling.
 //! * [`gradcheck`]: the finite-difference check every op passes.
+//! * [`Device`], [`Storage`], [`backend`]: where data lives. A store moved with
+//!   [`ParamStore::to_device`] makes its graphs compute on a CUDA device
+//!   ([`backend::DeviceBackend`]); ops without a CUDA kernel yet report
+//!   [`Error::NoDeviceKernel`].
 //!
 //! ```
 //! use autograd::{init, Graph, ParamStore};

@@ -277,6 +277,19 @@ impl ParamStore {
     /// [`Error::WrongDevice`] (use [`ParamStore::download_value`] /
     /// [`ParamStore::download_grad`], or [`ParamStore::to_host`]). A no-op on a store already
     /// on a device.
+    ///
+    /// ```no_run
+    /// use autograd::backend::DeviceBackend;
+    /// use autograd::ParamStore;
+    /// let dev = DeviceBackend::cuda()?; // NoDevice without a driver
+    /// let mut ps = ParamStore::new();
+    /// let w = ps.add("w", &[2], vec![1.0, 2.0])?;
+    /// ps.to_device(&dev)?;
+    /// assert_eq!(ps.download_value(w)?, vec![1.0, 2.0]);
+    /// ps.to_host()?;
+    /// assert_eq!(ps.value(w)?, &[1.0, 2.0]);
+    /// # Ok::<(), autograd::Error>(())
+    /// ```
     pub fn to_device(&mut self, be: &Arc<DeviceBackend>) -> Result<()> {
         if self.dev.is_some() {
             return Ok(());

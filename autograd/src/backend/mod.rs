@@ -9,9 +9,9 @@
 //! `kernels_cuda::emu::Emu`, feature `cuda-emu`), which is how `tests/cuda_emulated.rs`
 //! checks the CUDA kernels against the CPU ops without a GPU.
 //!
-//! Not done yet: `Storage` has no `Cuda` variant and the ops in `ops/` still call their CPU
-//! kernels directly. The remaining steps (mechanical, one op family at a time) are listed in
-//! `docs/architecture.md` ("Device boundary").
+//! A `Graph` runs on a device through [`DeviceBackend`] (the CUDA kernels on the GPU, or on
+//! the emulator in tests): `ParamStore::to_device`, then every op's `Cuda` arm in
+//! `ops/device/` calls these methods; see `docs/architecture.md` ("The device boundary").
 //!
 //! ```
 //! use autograd::backend::{Backend, CpuBackend};
