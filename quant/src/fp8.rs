@@ -48,7 +48,7 @@ use crate::config::{
     AmaxAlgo, Fp8Element, Fp8Scaling, OperandQuant, QuantFormat, RoundingMode, Usage,
 };
 use crate::panel::{self, grow, stored_panel, stored_shape, with_scratch};
-use crate::{QuantError, QuantizedTensor, RngKey};
+use crate::{MatRef, QuantError, QuantizedTensor, Quantizer, RngKey};
 
 mod fast;
 
@@ -360,27 +360,23 @@ struct Outcome {
 ///
 /// Either way `state` ends with the amax and scale of this cast. `portable` forces the
 /// baseline build of the kernel (tests).
-#[allow(clippy::too_many_arguments)]
 fn cast(
-    x: &[f32],
-    rows: usize,
-    cols: usize,
-    usage: Usage,
-    q: &OperandQuant,
-    key: RngKey,
+    qz: &Quantizer,
+    x: MatRef<'_>,
     state: &mut QuantState,
     out: Sink<'_>,
     portable: bool,
 ) -> Result<Outcome, QuantError> {
-    panel::check_len(x, rows, cols)?;
+    let (usage, q, key) = (qz.usage(), qz.spec(), qz.key());
+    let x = MatRef::new(x.data, x.rows, x.cols)?;
     let (element, scaling) = settings(q)?;
     let sr = (q.rounding == RoundingMode::Stochastic).then_some(key);
     let o = match scaling {
         Fp8Scaling::Current { power_of_two } => {
-            let amax = tensor_amax(x);
+            let amax = tensor_amax(x.data);
             let scale = compute_scale_from_amax(amax, fp8_max(element), power_of_two);
             let c = Cast { element, scale, sr };
-            let st = cast_tensor(x, rows, cols, usage, &c, out, false, portable);
+            let st = cast_tensor(x, usage, &c, out, false, portable);
             Outcome {
                 scale,
                 amax,
@@ -391,7 +387,7 @@ fn cast(
             state.ensure_history(history_len)?;
             let scale = state.scale;
             let c = Cast { element, scale, sr };
-            let st = cast_tensor(x, rows, cols, usage, &c, out, true, portable);
+            let st = cast_tensor(x, usage, &c, out, true, portable);
             state.record_amax(st.amax);
             Outcome {
                 scale,
@@ -408,17 +404,15 @@ fn cast(
 /// Runs the fused cast ([`fast`]) over the stored layout in parallel row panels: fake
 /// quantized values straight from the input (rowwise) or in place on the transposed panel
 /// (columnwise), codes from the stored panel. With `amax` the result holds `max |x|`.
-#[allow(clippy::too_many_arguments)]
 fn cast_tensor(
-    x: &[f32],
-    rows: usize,
-    cols: usize,
+    x: MatRef<'_>,
     usage: Usage,
     c: &Cast,
     out: Sink<'_>,
     amax: bool,
     portable: bool,
 ) -> fast::CastStats {
+    let (x, rows, cols) = (x.data, x.rows, x.cols);
     let (srows, scols) = stored_shape(rows, cols, usage);
     if srows == 0 || scols == 0 {
         return fast::CastStats::default();
@@ -506,35 +500,27 @@ fn random_bytes(sr: Option<RngKey>, buf: &mut Vec<u8>, start: usize, len: usize)
 /// Errors: a format other than FP8, RHT requested, `x.len() != rows * cols`, or a state
 /// whose history length differs from the operand's.
 pub(crate) fn quantize(
-    x: &[f32],
-    rows: usize,
-    cols: usize,
-    usage: Usage,
-    q: &OperandQuant,
-    key: RngKey,
+    qz: &Quantizer,
+    x: MatRef<'_>,
     state: &mut QuantState,
 ) -> Result<QuantizedTensor, QuantError> {
-    quantize_impl(x, rows, cols, usage, q, key, state, false)
+    quantize_impl(qz, x, state, false)
 }
 
 /// [`quantize`]; `portable` forces the baseline build of the kernel (tests).
-#[allow(clippy::too_many_arguments)]
 fn quantize_impl(
-    x: &[f32],
-    rows: usize,
-    cols: usize,
-    usage: Usage,
-    q: &OperandQuant,
-    key: RngKey,
+    qz: &Quantizer,
+    x: MatRef<'_>,
     state: &mut QuantState,
     portable: bool,
 ) -> Result<QuantizedTensor, QuantError> {
-    panel::check_len(x, rows, cols)?;
+    let (usage, q) = (qz.usage(), qz.spec());
+    MatRef::new(x.data, x.rows, x.cols)?;
     settings(q)?;
-    let (srows, scols) = stored_shape(rows, cols, usage);
+    let (srows, scols) = stored_shape(x.rows, x.cols, usage);
     let mut codes = vec![0u8; srows * scols];
     let sink = Sink::Codes(&mut codes);
-    let o = cast(x, rows, cols, usage, q, key, state, sink, portable)?;
+    let o = cast(qz, x, state, sink, portable)?;
     Ok(QuantizedTensor {
         format: q.format,
         block: q.block,
@@ -555,51 +541,36 @@ fn quantize_impl(
 /// `scale_inv = fl(1 / scale)`. The values are those of [`quantize`] and [`dequantize`]
 /// without the factor, bit for bit, computed by the fused cast (`fp8/fast.rs`) without
 /// producing codes.
-#[allow(clippy::too_many_arguments)]
 pub(crate) fn fake_quantize_into(
-    x: &[f32],
-    rows: usize,
-    cols: usize,
-    usage: Usage,
-    q: &OperandQuant,
-    key: RngKey,
+    qz: &Quantizer,
+    x: MatRef<'_>,
     state: &mut QuantState,
     out: &mut [f32],
 ) -> Result<f32, QuantError> {
-    fake_quantize_counting(x, rows, cols, usage, q, key, state, out).map(|(f, _)| f)
+    fake_quantize_counting(qz, x, state, out).map(|(f, _)| f)
 }
 
 /// [`fake_quantize_into`] that also returns the number of clipped elements.
-#[allow(clippy::too_many_arguments)]
 pub(crate) fn fake_quantize_counting(
-    x: &[f32],
-    rows: usize,
-    cols: usize,
-    usage: Usage,
-    q: &OperandQuant,
-    key: RngKey,
+    qz: &Quantizer,
+    x: MatRef<'_>,
     state: &mut QuantState,
     out: &mut [f32],
 ) -> Result<(f32, usize), QuantError> {
-    fake_impl(x, rows, cols, usage, q, key, state, out, false)
+    fake_impl(qz, x, state, out, false)
 }
 
 /// [`fake_quantize_counting`]; `portable` forces the baseline build of the kernel (tests).
-#[allow(clippy::too_many_arguments)]
 fn fake_impl(
-    x: &[f32],
-    rows: usize,
-    cols: usize,
-    usage: Usage,
-    q: &OperandQuant,
-    key: RngKey,
+    qz: &Quantizer,
+    x: MatRef<'_>,
     state: &mut QuantState,
     out: &mut [f32],
     portable: bool,
 ) -> Result<(f32, usize), QuantError> {
-    panel::check_out(out, x.len())?;
+    panel::check_out(out, x.data.len())?;
     let sink = Sink::Values(out);
-    let o = cast(x, rows, cols, usage, q, key, state, sink, portable)?;
+    let o = cast(qz, x, state, sink, portable)?;
     Ok((1.0 / o.scale, o.clipped))
 }
 

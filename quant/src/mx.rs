@@ -78,7 +78,7 @@ use rayon::prelude::*;
 
 use crate::config::{OperandQuant, QuantFormat, Rht, RoundingMode, Usage};
 use crate::panel::{self, grow, stored_panel, stored_panel_owned, stored_shape, with_scratch};
-use crate::{QuantError, QuantizedTensor, RngKey};
+use crate::{MatRef, QuantError, QuantizedTensor, RngKey};
 
 /// `fl(4/3)`: the per-tensor factor of the 3/4-prescaled stochastic variant.
 pub const PRESCALE_INV: f32 = 4.0 / 3.0;
@@ -172,11 +172,8 @@ fn check_finite(x: &[f32], st: PanelStats) -> Result<PanelStats, QuantError> {
 /// transposed and transformed as the usage and RHT ask), `rbits` its random bytes (`[n,
 /// pcols]`, stochastic rounding only), `scales` its chunk of the scales (`[n, bpr]`) and
 /// `codes` a scratch buffer for unpacked codes.
-#[allow(clippy::too_many_arguments)]
 fn run<T: Send>(
-    x: &[f32],
-    rows: usize,
-    cols: usize,
+    x: MatRef<'_>,
     usage: Usage,
     c: &MxCast,
     out: &mut [T],
@@ -184,6 +181,7 @@ fn run<T: Send>(
     scales: &mut [u8],
     body: impl Fn(&mut [T], &[f32], Option<&[u8]>, &mut [u8], &mut Vec<u8>) -> PanelStats + Sync,
 ) -> Result<PanelStats, QuantError> {
+    let (x, rows, cols) = (x.data, x.rows, x.cols);
     let (srows, scols) = stored_shape(rows, cols, usage);
     if srows == 0 || scols == 0 {
         return Ok(PanelStats::default());
@@ -241,9 +239,7 @@ pub(crate) fn quantize(
     let mut scales = vec![0u8; srows * (pcols / BLOCK)];
     let bits = c.element.bits();
     let st = run(
-        x,
-        rows,
-        cols,
+        MatRef::row_major(x, rows, cols),
         usage,
         &c,
         &mut codes,
@@ -310,15 +306,12 @@ pub(crate) fn fake_quantize_counting(
     key: RngKey,
     out: &mut [f32],
 ) -> Result<(f32, usize), QuantError> {
-    fake_quantize_impl(x, rows, cols, usage, q, key, out, false)
+    fake_quantize_impl(MatRef::row_major(x, rows, cols), usage, q, key, out, false)
 }
 
 /// The fused fake quantization; `portable` forces the baseline (non-AVX2) build (tests).
-#[allow(clippy::too_many_arguments)]
 fn fake_quantize_impl(
-    x: &[f32],
-    rows: usize,
-    cols: usize,
+    x: MatRef<'_>,
     usage: Usage,
     q: &OperandQuant,
     key: RngKey,
@@ -326,6 +319,7 @@ fn fake_quantize_impl(
     portable: bool,
 ) -> Result<(f32, usize), QuantError> {
     let c = settings(q, usage, key)?;
+    let (x, rows, cols) = (x.data, x.rows, x.cols);
     panel::check_len(x, rows, cols)?;
     panel::check_out(out, x.len())?;
     let st = fast::fake_quantize(x, rows, cols, usage, &c, out, portable)?;

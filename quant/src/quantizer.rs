@@ -189,7 +189,7 @@ impl Quantizer {
         match q.format {
             QuantFormat::F32 => bf16::quantize_f32(d, r, c, u, q),
             QuantFormat::Bf16 => bf16::quantize(d, r, c, u, q, k),
-            QuantFormat::Fp8 { .. } => fp8::quantize(d, r, c, u, q, k, state),
+            QuantFormat::Fp8 { .. } => fp8::quantize(self, x, state),
             QuantFormat::Mx { .. } => mx::quantize(d, r, c, u, q, k),
             QuantFormat::Nvfp4 { .. } => nvfp4::quantize(d, r, c, u, q, k),
         }
@@ -224,7 +224,7 @@ impl Quantizer {
         match q.format {
             QuantFormat::F32 => bf16::fake_quantize_into_f32(d, r, c, u, q, out),
             QuantFormat::Bf16 => bf16::fake_quantize_into(d, r, c, u, q, k, out),
-            QuantFormat::Fp8 { .. } => fp8::fake_quantize_into(d, r, c, u, q, k, state, out),
+            QuantFormat::Fp8 { .. } => fp8::fake_quantize_into(self, x, state, out),
             QuantFormat::Mx { .. } => mx::fake_quantize_into(d, r, c, u, q, k, out),
             QuantFormat::Nvfp4 { .. } => nvfp4::fake_quantize_into(d, r, c, u, q, k, out),
         }
@@ -317,9 +317,7 @@ impl Quantizer {
         let (f, clipped) = match q.format {
             QuantFormat::F32 => (bf16::fake_quantize_into_f32(d, r, c, u, q, &mut out)?, 0),
             QuantFormat::Bf16 => bf16::fake_quantize_counting(d, r, c, u, q, k, &mut out)?,
-            QuantFormat::Fp8 { .. } => {
-                fp8::fake_quantize_counting(d, r, c, u, q, k, state, &mut out)?
-            }
+            QuantFormat::Fp8 { .. } => fp8::fake_quantize_counting(self, x, state, &mut out)?,
             QuantFormat::Mx { .. } => mx::fake_quantize_counting(d, r, c, u, q, k, &mut out)?,
             QuantFormat::Nvfp4 { .. } => {
                 let t = nvfp4::quantize(d, r, c, u, q, k)?;

@@ -136,7 +136,6 @@ struct Result8 {
     clipped: usize,
 }
 
-#[allow(clippy::too_many_arguments)]
 fn encoder_path(
     x: &[f32],
     rows: usize,
@@ -174,8 +173,10 @@ fn fused_path(
 ) -> Result<Result8, QuantError> {
     let mut s2 = state.clone();
     let mut values = vec![0.0f32; x.len()];
-    let (factor, clipped) = fake_impl(x, rows, cols, usage, q, key, state, &mut values, portable)?;
-    let t = quantize_impl(x, rows, cols, usage, q, key, &mut s2, portable)?;
+    let qz = Quantizer::new(*q, usage)?.with_key(key);
+    let xm = MatRef::new(x, rows, cols)?;
+    let (factor, clipped) = fake_impl(&qz, xm, state, &mut values, portable)?;
+    let t = quantize_impl(&qz, xm, &mut s2, portable)?;
     assert!(
         same_state(state, &s2),
         "state after fake {state:?} vs quantize {s2:?}"
@@ -515,8 +516,10 @@ fn history_mismatch_leaves_state() {
     let mut s = QuantState::with_history_len(2);
     let before = s.clone();
     let mut out = vec![0.0f32; 12];
-    assert!(fake_quantize_into(&x, 3, 4, Usage::Rowwise, &q, KEY, &mut s, &mut out).is_err());
-    assert!(quantize(&x, 3, 4, Usage::Rowwise, &q, KEY, &mut s).is_err());
+    let qz = Quantizer::new(q, Usage::Rowwise).unwrap().with_key(KEY);
+    let xm = MatRef::new(&x, 3, 4).unwrap();
+    assert!(fake_quantize_into(&qz, xm, &mut s, &mut out).is_err());
+    assert!(quantize(&qz, xm, &mut s).is_err());
     assert_eq!(s, before);
 }
 

@@ -106,9 +106,7 @@ fn fake_reference(
     let bpr = pcols / BLOCK;
     let mut scales = vec![0u8; srows * bpr];
     let st = run(
-        x,
-        rows,
-        cols,
+        MatRef::row_major(x, rows, cols),
         usage,
         &c,
         out,
@@ -175,9 +173,7 @@ fn codes_with(
     let mut codes = vec![0u8; srows * row_bytes];
     let mut scales = vec![0u8; srows * (pcols / BLOCK)];
     let st = run(
-        x,
-        rows,
-        cols,
+        MatRef::row_major(x, rows, cols),
         usage,
         &c,
         &mut codes,
@@ -338,7 +334,12 @@ fn fused_equals_codes_path() {
                             let mut got = vec![f32::NAN; x.len()];
                             let g = pool.install(|| {
                                 fake_quantize_impl(
-                                    &x, rows, cols, usage, &q, key, &mut got, portable,
+                                    MatRef::row_major(&x, rows, cols),
+                                    usage,
+                                    &q,
+                                    key,
+                                    &mut got,
+                                    portable,
                                 )
                             });
                             let what = format!(
