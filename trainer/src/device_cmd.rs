@@ -1,5 +1,6 @@
 //! `--device cpu|cuda|auto`: where `train`, `compare` and `sample` compute, decided before
-//! anything is written and printed at start (on stderr: `sample` writes text on stdout).
+//! anything is written; `train` and `compare` print the choice with their other run lines on
+//! stdout (`sample`, whose stdout is the generated text, prints nothing about it).
 //!
 //! `train` runs its forward and backward passes on a CUDA device through autograd's `Graph`
 //! ([`trainer::train::Trainer::set_device`]) when every linear layer of the recipe has FP32 or
@@ -50,14 +51,14 @@ fn recipe_blocker(recipe: &Recipe) -> Option<String> {
     })
 }
 
-/// Resolves `arg` for `command`: the device to train on (`None`: the CPU), with the choice
-/// printed. `recipe` is the recipe `train` runs (`None` for commands that never use the
-/// device). `--device cuda` fails here, before any output is written.
+/// Resolves `arg` for `command`: the device to train on (`None`: the CPU) and the line that
+/// says so (`device: ...`). `recipe` is the recipe `train` runs (`None` for commands that
+/// never use the device). `--device cuda` fails here, before any output is written.
 pub fn resolve(
     arg: DeviceArg,
     command: &str,
     recipe: Option<&Recipe>,
-) -> Result<Option<Arc<DeviceBackend>>> {
+) -> Result<(Option<Arc<DeviceBackend>>, String)> {
     let blocker = match recipe {
         None => Some(format!(
             "{command} does not run on a CUDA device yet (only train does)"
@@ -65,10 +66,7 @@ pub fn resolve(
         Some(r) => recipe_blocker(r),
     };
     match arg {
-        DeviceArg::Cpu => {
-            eprintln!("device: cpu");
-            Ok(None)
-        }
+        DeviceArg::Cpu => Ok((None, "device: cpu".into())),
         DeviceArg::Cuda => {
             let be = match DeviceBackend::cuda() {
                 Ok(be) => be,
@@ -77,22 +75,15 @@ pub fn resolve(
             if let Some(why) = blocker {
                 bail!("--device cuda: {why}; use --device cpu");
             }
-            eprintln!("device: cuda");
-            Ok(Some(be))
+            Ok((Some(be), "device: cuda".into()))
         }
         DeviceArg::Auto => match (DeviceBackend::cuda(), blocker) {
-            (Err(e), _) => {
-                eprintln!("device: cpu (auto: {e})");
-                Ok(None)
-            }
-            (Ok(_), Some(why)) => {
-                eprintln!("device: cpu (auto: a CUDA device is present, but {why})");
-                Ok(None)
-            }
-            (Ok(be), None) => {
-                eprintln!("device: cuda (auto)");
-                Ok(Some(be))
-            }
+            (Err(e), _) => Ok((None, format!("device: cpu (auto: {e})"))),
+            (Ok(_), Some(why)) => Ok((
+                None,
+                format!("device: cpu (auto: a CUDA device is present, but {why})"),
+            )),
+            (Ok(be), None) => Ok((Some(be), "device: cuda (auto)".into())),
         },
     }
 }

@@ -375,7 +375,8 @@ pub fn run_train(args: TrainArgs) -> Result<()> {
         tr
     };
     // nothing is written before this point
-    let dev = device_cmd::resolve(args.run.device, "train", Some(tr.recipe()))?;
+    let (dev, line) = device_cmd::resolve(args.run.device, "train", Some(tr.recipe()))?;
+    println!("{line}");
     tr.set_device(dev);
     let out = tr.out_dir().to_path_buf();
     let s = match tr.run() {
@@ -400,7 +401,10 @@ pub fn run_train(args: TrainArgs) -> Result<()> {
 }
 
 pub fn run_compare(args: CompareArgs) -> Result<()> {
-    device_cmd::resolve(args.run.device, "compare", None)?;
+    println!(
+        "{}",
+        device_cmd::resolve(args.run.device, "compare", None)?.1
+    );
     set_threads(args.run.threads)?;
     install_stop_handlers()?;
     let cfg = run_config(&args.run)?;
@@ -475,7 +479,7 @@ fn stop_tokens(tok: &trainer::data::Tokenizer, stops: &[String]) -> Result<Vec<u
 }
 
 pub fn run_sample(args: SampleArgs) -> Result<()> {
-    device_cmd::resolve(args.device, "sample", None)?;
+    device_cmd::resolve(args.device, "sample", None)?; // always the CPU; stdout is the text
     set_threads(args.threads)?;
     let recipe = Recipe::resolve(&args.recipe)?;
     let mut s = Sampler::load(&args.checkpoint, recipe)?;

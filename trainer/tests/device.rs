@@ -1,8 +1,9 @@
 //! The `--device` flag of `train`, `compare` and `sample`: `cuda` fails before anything is
-//! written, with a message that says what to do; `auto` and `cpu` train on the CPU and say so.
+//! written, with a message that says what to do; `auto` and `cpu` train on the CPU and say so
+//! on stdout.
 
 mod common;
-use common::{stderr, trainer};
+use common::{stderr, stdout, trainer};
 
 #[test]
 fn device_cuda_fails_cleanly_and_writes_nothing() {
@@ -26,7 +27,10 @@ fn device_cuda_fails_cleanly_and_writes_nothing() {
             err.contains("--device cuda: ") && err.contains("--device cpu"),
             "{args:?}: {err}"
         );
-        assert!(!err.contains("panicked"), "{err}");
+        assert!(
+            err.starts_with("error: ") && !err.contains("panicked"),
+            "{err}"
+        );
         assert!(!out.exists(), "{args:?} wrote {}", out.display());
     }
     let o = trainer(&["train", "--device", "tpu"]);
@@ -37,7 +41,10 @@ fn device_cuda_fails_cleanly_and_writes_nothing() {
 #[test]
 fn device_auto_and_cpu_train_on_the_cpu() {
     let dir = tempfile::tempdir().unwrap();
-    for (dev, want) in [("auto", "device: cpu (auto: "), ("cpu", "device: cpu\n")] {
+    for (dev, want) in [
+        ("auto", "\ndevice: cpu (auto: "),
+        ("cpu", "\ndevice: cpu\n"),
+    ] {
         let out = dir.path().join(dev);
         let o = trainer(&[
             "train",
@@ -51,9 +58,9 @@ fn device_auto_and_cpu_train_on_the_cpu() {
             "--out",
             out.to_str().unwrap(),
         ]);
-        let err = stderr(&o);
-        assert!(o.status.success(), "{err}");
-        assert!(err.starts_with(want), "{err}");
+        assert!(o.status.success(), "{}", stderr(&o));
+        let log = stdout(&o);
+        assert!(log.contains(want), "{log}");
         assert!(out.join("run.toml").is_file());
     }
 }
