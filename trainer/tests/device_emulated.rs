@@ -23,7 +23,7 @@ fn cfg() -> RunConfig {
         model: ModelConfig {
             vocab: 256,
             d_model: 32,
-            n_layers: 2,
+            n_layers: 1,
             n_heads: 2,
             hidden: 64,
             mlp: MlpKind::Swiglu,
@@ -33,13 +33,13 @@ fn cfg() -> RunConfig {
             norm_eps: 1e-5,
         },
         train: TrainConfig {
-            steps: 6,
+            steps: 4,
             batch: 4,
             grad_accum: 1,
             lr: 1e-2,
             warmup_steps: 2,
-            eval_every: 3,
-            eval_batches: 1,
+            eval_every: 2,
+            eval_batches: 2,
             ..TrainConfig::default()
         },
         data: DataSource::Corpus {
@@ -77,9 +77,10 @@ fn run(
 
 /// Bound: one step's loss and gradients on the device are within 2e-3 of the CPU's under
 /// BF16 operands (autograd's `tiny_model_graph_step_on_device_matches_cpu`, measured 2.5e-5);
-/// AdamW's update is nearly scale-free in the gradient, so over 6 steps at lr 1e-2 the
+/// AdamW's update is nearly scale-free in the gradient, so over 4 steps at lr 1e-2 the
 /// parameters and hence the losses move apart by a few such differences: 1e-2 relative is
-/// asserted, the measured value printed.
+/// asserted, the measured value printed. (Evaluation also runs on the device after its first
+/// batch: the second of the two evaluation batches here.)
 #[test]
 fn emulated_device_training_matches_cpu_and_resumes_across_devices() {
     let emu = match Emu::shared() {
@@ -97,11 +98,11 @@ fn emulated_device_training_matches_cpu_and_resumes_across_devices() {
         tmp.path().join("dev-then-cpu"),
         tmp.path().join("cpu-then-dev"),
     );
-    run(&cpu, 3, None, None);
-    run(&d2c, 3, Some(&dev), None);
-    run(&c2d, 3, None, Some(&dev));
+    run(&cpu, 2, None, None);
+    run(&d2c, 2, Some(&dev), None);
+    run(&c2d, 2, None, Some(&dev));
     let (lc, ld, lr) = (losses(&cpu), losses(&d2c), losses(&c2d));
-    assert_eq!((lc.len(), ld.len(), lr.len()), (6, 6, 6));
+    assert_eq!((lc.len(), ld.len(), lr.len()), (4, 4, 4));
     let rel = |a: &[f32]| {
         a.iter()
             .zip(&lc)
@@ -115,10 +116,10 @@ fn emulated_device_training_matches_cpu_and_resumes_across_devices() {
     );
     assert!(rel(&ld) <= 1e-2 && rel(&lr) <= 1e-2);
     // the CPU-first run equals the CPU run bit for bit until the switch
-    assert_eq!(lr[..3], lc[..3]);
+    assert_eq!(lr[..2], lc[..2]);
     // the device really ran: its losses are not the CPU's bits
-    assert_ne!(ld[..3], lc[..3]);
+    assert_ne!(ld[..2], lc[..2]);
     for d in [&cpu, &d2c, &c2d] {
-        assert_eq!(checkpoint::load(d).unwrap().state.step, 6);
+        assert_eq!(checkpoint::load(d).unwrap().state.step, 4);
     }
 }

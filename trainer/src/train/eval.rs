@@ -36,6 +36,11 @@ impl Trainer {
         let mut probes: Vec<LinearProbe> = Vec::new();
         let n = self.cfg.train.eval_batches;
         for i in 0..n {
+            // the first batch probes the Fprop operands on the host; the rest run on the
+            // training device (if any)
+            if let (1, Some(dev)) = (i, &self.device) {
+                self.ps.to_device(dev)?;
+            }
             let b = vb.next_batch();
             let mut g = Graph::new(&mut self.ps).with_rng(self.cfg.train.seed, self.step);
             g.set_grad_enabled(false);
@@ -49,6 +54,7 @@ impl Trainer {
                 .loss(&mut g, &b.inputs, &b.targets, b.batch, &prec, probe)?;
             total += g.item(loss)? as f64;
         }
+        self.ps.to_host()?;
         let layers = self.layer_errors(&probes)?;
         Ok(Evaluation {
             val_loss: (total / n as f64) as f32,

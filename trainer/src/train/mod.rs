@@ -303,8 +303,9 @@ impl Trainer {
     /// Runs every training step's forward and backward passes on `device` (`None`: the CPU).
     /// The parameters live on the host between steps: a step uploads them, computes its
     /// micro-batches on the device and downloads values and gradients, so clipping, AdamW
-    /// (on host values), evaluation, checkpoints and resume are the CPU's, and a checkpoint
-    /// resumes on either device.
+    /// (on host values), checkpoints and resume are the CPU's, and a checkpoint resumes on
+    /// either device. Evaluation runs its batches on the device too, but the first (its
+    /// quantization-error probes read host values).
     pub fn set_device(&mut self, device: Option<std::sync::Arc<autograd::backend::DeviceBackend>>) {
         self.device = device;
     }
