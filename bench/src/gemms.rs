@@ -8,7 +8,7 @@ use std::hint::black_box;
 
 use anyhow::Result;
 use quant::gemm::bf16::{bf16_gemm_tn, Bf16Workspace};
-use quant::gemm::{matmul_tn, MatRef};
+use quant::gemm::{sgemm, MatRef};
 
 use crate::harness::{run_rounds, Case, Clock};
 use crate::kernels::data;
@@ -16,7 +16,9 @@ use crate::metric::{Better, Metric};
 use crate::peak::{peak_gflops, Unit};
 
 /// `(name, M, N, K)`: the linear layers' GEMMs of a training step (2,048 tokens): Fprop of
-/// the FFN's up and down projections, and the Wgrad of the up projection (K = tokens).
+/// the FFN's up and down projections (row-major operands), and the Wgrad of the up
+/// projection (K = tokens; both operands are transposed views of `[K, M]` and `[K, N]`
+/// tensors, dYᵀ and Xᵀ, as in training).
 pub const SHAPES: &[(&str, usize, usize, usize)] = &[
     ("small_fprop_up", 2048, 352, 128),
     ("small_fprop_down", 2048, 128, 352),
@@ -67,19 +69,23 @@ pub fn suite(threads: usize, rounds: usize) -> Result<Vec<Metric>> {
         let (ab, bb) = (round(&a), round(&b));
         let (mut o1, mut o2) = (vec![0.0f32; m * n], vec![0.0f32; m * n]);
         let mut ws = Bf16Workspace::new();
+        // `[outer, K]` views: row-major, or (Wgrad) transposed views of `[K, outer]` data
+        let wgrad = name.contains("wgrad");
+        fn view(x: &[f32], outer: usize, k: usize, wgrad: bool) -> MatRef<'_> {
+            if wgrad {
+                MatRef::row_major(x, k, outer).t()
+            } else {
+                MatRef::row_major(x, outer, k)
+            }
+        }
+        let (va, vb) = (view(&a, m, k, wgrad), view(&b, n, k, wgrad));
+        let (vab, vbb) = (view(&ab, m, k, wgrad), view(&bb, n, k, wgrad));
         let mut cases = [
             Case::new("f32", || {
-                pool.install(|| matmul_tn(&a, &b, m, n, k, black_box(&mut o1)))
+                pool.install(|| sgemm(1.0, va, vb.t(), 0.0, black_box(&mut o1)))
             }),
             Case::new("bf16", || {
-                pool.install(|| {
-                    bf16_gemm_tn(
-                        MatRef::row_major(&ab, m, k),
-                        MatRef::row_major(&bb, n, k),
-                        black_box(&mut o2),
-                        &mut ws,
-                    )
-                })
+                pool.install(|| bf16_gemm_tn(vab, vbb, black_box(&mut o2), &mut ws))
             }),
         ];
         let r = run_rounds(&mut cases, rounds, 3, Clock::Wall);
