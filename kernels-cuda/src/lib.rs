@@ -119,4 +119,3 @@ pub enum KernelError {
 
 /// `Result` with [`KernelError`].
 pub type Result<T, E = KernelError> = std::result::Result<T, E>;
-
