@@ -78,47 +78,61 @@ impl Emu {
     }
 
     fn build() -> std::result::Result<Emu, EmuError> {
-        let crate_dir = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
-        let cxx = std::env::var("CXX").unwrap_or_else(|_| "g++".into());
-        if Command::new(&cxx).arg("--version").output().is_err() {
-            return Err(EmuError::NoCompiler(cxx));
-        }
-        let dir = std::env::temp_dir().join(format!("nibble-emu-train-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).map_err(|e| EmuError::Build(e.to_string()))?;
-        let lib = dir.join("libnbemu_train.so");
-        let emu = crate_dir.join("emu");
-        let out = Command::new(&cxx)
-            .args([
-                "-std=c++20",
-                "-O2",
-                "-ffp-contract=off",
-                "-fno-fast-math",
-                "-fPIC",
-                "-shared",
-                "-pthread",
-            ])
-            .arg(format!("-I{}", crate_dir.join("cuda").display()))
-            .arg("-include")
-            .arg(emu.join("cuda_emu.h"))
-            .arg(emu.join("train.cpp"))
-            .arg("-o")
-            .arg(&lib)
-            .output()
-            .map_err(|e| EmuError::Build(e.to_string()))?;
-        if !out.status.success() {
-            let err = String::from_utf8_lossy(&out.stderr).into_owned();
-            if err.contains("c++20") || err.contains("barrier") && err.contains("No such file") {
-                return Err(EmuError::NoCxx20(cxx, err));
-            }
-            return Err(EmuError::Build(err));
-        }
-        // SAFETY: loading our own freshly built library (no initialisers with side effects).
-        let l =
-            unsafe { libloading::Library::new(&lib) }.map_err(|e| EmuError::Load(e.to_string()))?;
-        // The mapping stays valid after the file is gone.
-        std::fs::remove_dir_all(&dir).ok();
-        Ok(Emu { lib: l })
+        Ok(Emu {
+            lib: build_library("train.cpp")?,
+        })
     }
+}
+
+/// Compiles one entry file of `emu/` (`train.cpp`: the training kernels [`Emu`] launches;
+/// `emu.cpp`: the quantizer kernels `tests/emulated.rs` drives through their C ABI) with all
+/// of `cuda/` as host C++20 through `emu/cuda_emu.h`, and loads it. The compiler is `$CXX`,
+/// else `g++`; the flags keep IEEE arithmetic (`-ffp-contract=off -fno-fast-math`) so the
+/// emulated kernels round as the CPU references do.
+///
+/// Errors: [`EmuError::NoCompiler`] and [`EmuError::NoCxx20`] (callers skip),
+/// [`EmuError::Build`] and [`EmuError::Load`] (a bug).
+pub fn build_library(entry: &str) -> std::result::Result<libloading::Library, EmuError> {
+    let crate_dir = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    let cxx = std::env::var("CXX").unwrap_or_else(|_| "g++".into());
+    if Command::new(&cxx).arg("--version").output().is_err() {
+        return Err(EmuError::NoCompiler(cxx));
+    }
+    let stem = entry.trim_end_matches(".cpp");
+    let dir = std::env::temp_dir().join(format!("nibble-emu-{stem}-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).map_err(|e| EmuError::Build(e.to_string()))?;
+    let lib = dir.join(format!("libnbemu_{stem}.so"));
+    let emu = crate_dir.join("emu");
+    let out = Command::new(&cxx)
+        .args([
+            "-std=c++20",
+            "-O2",
+            "-ffp-contract=off",
+            "-fno-fast-math",
+            "-fPIC",
+            "-shared",
+            "-pthread",
+        ])
+        .arg(format!("-I{}", crate_dir.join("cuda").display()))
+        .arg("-include")
+        .arg(emu.join("cuda_emu.h"))
+        .arg(emu.join(entry))
+        .arg("-o")
+        .arg(&lib)
+        .output()
+        .map_err(|e| EmuError::Build(e.to_string()))?;
+    if !out.status.success() {
+        let err = String::from_utf8_lossy(&out.stderr).into_owned();
+        if err.contains("c++20") || err.contains("barrier") && err.contains("No such file") {
+            return Err(EmuError::NoCxx20(cxx, err));
+        }
+        return Err(EmuError::Build(err));
+    }
+    // SAFETY: loading our own freshly built library (no initialisers with side effects).
+    let l = unsafe { libloading::Library::new(&lib) }.map_err(|e| EmuError::Load(e.to_string()))?;
+    // The mapping stays valid after the file is gone.
+    std::fs::remove_dir_all(&dir).ok();
+    Ok(l)
 }
 
 impl Launcher for Emu {

@@ -14,8 +14,6 @@
 mod common;
 
 use std::io::Write as _;
-use std::path::PathBuf;
-use std::process::Command;
 use std::sync::OnceLock;
 
 use common::{
@@ -66,48 +64,16 @@ enum State {
 }
 
 fn build() -> Result<State, String> {
-    let crate_dir = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
-    let cxx = std::env::var("CXX").unwrap_or_else(|_| "g++".into());
-    if Command::new(&cxx).arg("--version").output().is_err() {
-        return Ok(State::Skip(format!(
-            "no C++ compiler (`{cxx}`) to build the CUDA emulator"
-        )));
-    }
-    let dir = std::env::temp_dir().join(format!("nibble-emu-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
-    let lib = dir.join("libnbemu.so");
-    let emu = crate_dir.join("emu");
-    let out = Command::new(&cxx)
-        .args([
-            "-std=c++20",
-            "-O2",
-            "-ffp-contract=off",
-            "-fno-fast-math",
-            "-fPIC",
-            "-shared",
-            "-pthread",
-        ])
-        .arg(format!("-I{}", crate_dir.join("cuda").display()))
-        .arg("-include")
-        .arg(emu.join("cuda_emu.h"))
-        .arg(emu.join("emu.cpp"))
-        .arg("-o")
-        .arg(&lib)
-        .output()
-        .map_err(|e| e.to_string())?;
-    if !out.status.success() {
-        let err = String::from_utf8_lossy(&out.stderr);
-        if err.contains("c++20") || err.contains("barrier") && err.contains("No such file") {
-            return Ok(State::Skip(format!("`{cxx}` lacks C++20 <barrier>: {err}")));
+    use kernels_cuda::emu::{build_library, EmuError};
+    let l = match build_library("emu.cpp") {
+        Ok(l) => l,
+        Err(e @ (EmuError::NoCompiler(_) | EmuError::NoCxx20(..))) => {
+            return Ok(State::Skip(e.to_string()))
         }
-        return Err(format!("building the CUDA emulator failed:\n{err}"));
-    }
-    // SAFETY: loading our own freshly built library; the symbols have the declared signatures
-    // (emu/emu.cpp).
+        Err(e) => return Err(e.to_string()),
+    };
+    // SAFETY: the symbols have the declared signatures (emu/emu.cpp).
     unsafe {
-        let l = libloading::Library::new(&lib).map_err(|e| e.to_string())?;
-        // The mapping stays valid after the file is gone.
-        std::fs::remove_dir_all(&dir).ok();
         macro_rules! sym {
             ($name:literal) => {
                 *l.get(concat!($name, "\0").as_bytes())
