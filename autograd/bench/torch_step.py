@@ -5,7 +5,8 @@ blocks (RMSNorm -> fused QKV linear -> RoPE (rotate-half) -> causal SDPA -> outp
 residual; RMSNorm -> SwiGLU MLP (gate, up, down) -> residual), final RMSNorm, LM head, mean
 cross-entropy; one step = forward + backward + torch.optim.AdamW (PyTorch defaults, lr 1e-3).
 
-    .venv-torch/bin/python autograd/bench/torch_step.py [--threads 2] [--steps 10] [--warmup 2]
+    python3 -m venv target/venv-torch && target/venv-torch/bin/pip install torch   # once
+    target/venv-torch/bin/python autograd/bench/torch_step.py [--threads 2] [--steps 10] [--warmup 2]
         [--bf16]   # also time torch.autocast("cpu", dtype=torch.bfloat16)
 
 Prints median times (and the fastest step) and tokens/s in the same table format as step_bench.
