@@ -8,7 +8,14 @@
 //! * **Rollout collapse**: the mean rollout pass rate over the last `guard_window` steps
 //!   (default 5) falls below `guard_collapse` (default 0.5) times the best such mean so far,
 //!   once that best has reached `guard_min_pass` (default 0.1, so a policy that never passed
-//!   is not judged). In the committed grid the ratio never fell below 0.78.
+//!   is not judged), **and** the drop exceeds [`NOISE_Z`] standard errors of a difference of
+//!   two window means, estimated from the run's own step-to-step changes of the pass rate
+//!   (their median, which a collapse barely moves; judged once `2 x guard_window` steps are
+//!   recorded). The second condition keeps sampling noise
+//!   from tripping it: at a pass rate near 0.08 (16 prompts x 8 completions per step) steps
+//!   range from 0.02 to 0.17 with no trend, and the best 5-step mean of a 40-step run reaches
+//!   twice a later one by chance alone - the ratio test alone stopped such runs. In the
+//!   committed grid the ratio never fell below 0.78.
 //! * **Held-out collapse**: an evaluation's greedy held-out pass rate below `guard_collapse`
 //!   times the best so far (the initial one included, judged once the best reaches
 //!   `guard_min_pass`); its checkpoint is not written. (At lr 3e-4 the held-out pass rate fell
@@ -19,6 +26,11 @@
 //! exactly where the uninterrupted one would.
 
 use std::collections::VecDeque;
+
+/// How many standard errors a rollout pass-rate drop must exceed to count as a collapse
+/// (the best window mean is a maximum over many windows, so a plain 2-3 sigma would trip on
+/// noise in long runs).
+pub const NOISE_Z: f64 = 4.0;
 
 use super::config::RlConfig;
 use super::metrics::{EvalRecord, StepRecord};
@@ -33,6 +45,11 @@ pub struct RlGuard {
     recent: VecDeque<f64>,
     best_window: f64,
     best_eval: f64,
+    /// The last recorded step's pass rate and every |difference| of consecutive steps' (their
+    /// median sets the noise bound; a collapse adds one or two large differences, which the
+    /// median ignores, where a variance would grow with them).
+    last: Option<f64>,
+    abs_diffs: Vec<f64>,
 }
 
 impl RlGuard {
@@ -46,6 +63,8 @@ impl RlGuard {
             recent: VecDeque::new(),
             best_window: 0.0,
             best_eval: 0.0,
+            last: None,
+            abs_diffs: Vec::new(),
         }
     }
 
@@ -71,6 +90,20 @@ impl RlGuard {
         Some(sum / self.window as f64)
     }
 
+    /// The standard error of a difference of two window means: the per-step standard
+    /// deviation is estimated robustly as median(|x_i - x_(i-1)|) / 0.954 (for normal noise
+    /// |x_i - x_(i-1)| is half-normal with scale sigma x sqrt 2, whose median is 0.954 sigma);
+    /// `None` until `2 x window` steps are recorded.
+    fn window_noise(&self) -> Option<f64> {
+        if self.abs_diffs.len() + 1 < 2 * self.window {
+            return None;
+        }
+        let mut d = self.abs_diffs.clone();
+        d.sort_by(f64::total_cmp);
+        let sigma = d[d.len() / 2] / 0.954;
+        Some(sigma * (2.0 / self.window as f64).sqrt())
+    }
+
     /// Judges a step's rollout pass rate and mismatch k3 (nothing recorded): the reason to
     /// stop, if any.
     ///
@@ -90,14 +123,19 @@ impl RlGuard {
             ));
         }
         let m = self.window_mean(pass_rate)?;
+        let noise = self.window_noise()?;
         if self.collapse > 0.0
             && self.best_window >= self.min_pass
             && m < self.collapse * self.best_window
+            && self.best_window - m > NOISE_Z * noise
         {
             return Some(format!(
                 "the rollout pass rate collapsed: {m:.3} over the last {} steps, below \
-                 guard_collapse {} x its best {:.3}",
-                self.window, self.collapse, self.best_window
+                 guard_collapse {} x its best {:.3} and {:.1} standard errors under it",
+                self.window,
+                self.collapse,
+                self.best_window,
+                (self.best_window - m) / noise.max(f64::MIN_POSITIVE)
             ));
         }
         None
@@ -108,6 +146,10 @@ impl RlGuard {
         if let Some(m) = self.window_mean(pass_rate) {
             self.best_window = self.best_window.max(m);
         }
+        if let Some(last) = self.last {
+            self.abs_diffs.push((pass_rate - last).abs());
+        }
+        self.last = Some(pass_rate);
         self.recent.push_back(pass_rate);
         while self.recent.len() >= self.window {
             self.recent.pop_front();
@@ -146,14 +188,16 @@ mod tests {
     }
 
     #[test]
-    fn rollout_collapse_is_judged_on_the_window_mean() {
+    fn rollout_collapse_is_judged_on_the_window_mean_and_its_noise() {
         let mut g = RlGuard::new(&cfg());
-        // windows of 3: 0.6, then 0.6, then a drop: (0.6 + 0.2 + 0.1) / 3 = 0.3 = 0.5 x 0.6
-        for p in [0.6, 0.6, 0.6, 0.6, 0.2] {
+        // a steady run (per-step spread ~0.014), then a drop: windows of 3 fall to
+        // (0.6 + 0.2 + 0.1) / 3 = 0.3 = 0.5 x 0.6 exactly, then below
+        let steady = [0.6, 0.62, 0.58, 0.6, 0.61, 0.59, 0.6, 0.6];
+        for p in steady.into_iter().chain([0.2]) {
             assert_eq!(g.check_step(p, 0.0), None);
             g.record_step(p);
         }
-        assert_eq!(g.check_step(0.1, 0.0), None, "0.3 is not below 0.3");
+        assert_eq!(g.check_step(0.1, 0.0), None, "0.3 is not below 0.5 x 0.6");
         let why = g.check_step(0.05, 0.0).unwrap();
         assert!(why.contains("0.283 over the last 3 steps"), "{why}");
         assert!(why.contains("best 0.600"), "{why}");
@@ -163,6 +207,37 @@ mod tests {
             assert_eq!(g.check_step(p, 0.0), None);
             g.record_step(p);
         }
+    }
+
+    #[test]
+    fn a_noisy_low_pass_rate_is_not_a_collapse() {
+        // the per-step rollout pass rates of a real run from a weak start (lr 3e-5, 16
+        // prompts x 8 completions): no trend, but a best 5-step mean of 0.117 and a later one
+        // of 0.055 - the ratio test alone stopped this run at step 40
+        let passes = [
+            0.07, 0.062, 0.094, 0.078, 0.109, 0.117, 0.07, 0.102, 0.039, 0.094, 0.102, 0.078,
+            0.078, 0.125, 0.062, 0.031, 0.07, 0.039, 0.055, 0.047, 0.109, 0.117, 0.055, 0.117,
+            0.102, 0.023, 0.055, 0.141, 0.039, 0.094, 0.141, 0.172, 0.023, 0.117, 0.102, 0.047,
+            0.062, 0.094, 0.031, 0.04, 0.03,
+        ];
+        let mut g = RlGuard::new(&RlConfig::default());
+        for p in passes {
+            assert_eq!(g.check_step(p, 0.0), None, "{p}");
+            g.record_step(p);
+        }
+        assert!(g.best_window >= 0.1 && g.window_mean(0.03).unwrap() < 0.5 * g.best_window);
+        // the same drop from a steady, higher pass rate is a collapse
+        let mut g = RlGuard::new(&RlConfig::default());
+        for _ in 0..20 {
+            g.record_step(0.5);
+            g.record_step(0.52);
+        }
+        for p in [0.1, 0.1, 0.1] {
+            assert_eq!(g.check_step(p, 0.0), None, "{p}");
+            g.record_step(p);
+        }
+        // (0.52 + 4 x 0.1) / 5 = 0.184 < 0.5 x 0.512
+        assert!(g.check_step(0.1, 0.0).unwrap().contains("collapsed"));
     }
 
     #[test]
