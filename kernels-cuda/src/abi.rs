@@ -9,7 +9,7 @@ use fp_formats::mx::{MxElement, ScaleRule};
 use fp_formats::nvfp4::GlobalScale;
 use quant::{
     BlockShape, Fp8Element, Fp8Scaling, OperandQuant, QuantError, QuantFormat, QuantState,
-    Quantizer, RngKey, RoundingMode, Usage,
+    QuantizedTensor, Quantizer, RngKey, RoundingMode, Usage,
 };
 
 use crate::{KernelError, Result};
@@ -148,6 +148,31 @@ pub struct Side {
     pub padded_cols: usize,
     pub codes_len: usize,
     pub scale_len: usize,
+}
+
+impl Side {
+    /// The host tensor of this side: its downloaded `codes` and `scales` (already cut to
+    /// `codes_len` / `scale_len`) with the per-tensor results of [`Plan::results`].
+    pub fn host_tensor(
+        &self,
+        codes: Vec<u8>,
+        scales: Vec<u8>,
+        (amax, tensor_scale_inv): (f32, f32),
+    ) -> QuantizedTensor {
+        QuantizedTensor {
+            format: self.format,
+            block: self.block,
+            usage: self.usage,
+            rows: self.rows,
+            cols: self.cols,
+            padded_rows: self.padded_rows,
+            padded_cols: self.padded_cols,
+            codes,
+            scales,
+            amax,
+            tensor_scale_inv,
+        }
+    }
 }
 
 fn check_nonempty(x: Dims) -> Result<()> {

@@ -303,20 +303,7 @@ impl quant::QuantizerBackend for Emu {
             )?;
         }
         let (rv, cv) = plan.results(&amax, &meta)?;
-        let (amax, tensor_scale_inv) = rv.or(cv).expect("one side planned");
-        Ok(quant::QuantizedTensor {
-            format: s.format,
-            block: s.block,
-            usage: s.usage,
-            rows: s.rows,
-            cols: s.cols,
-            padded_rows: s.padded_rows,
-            padded_cols: s.padded_cols,
-            codes,
-            scales,
-            amax,
-            tensor_scale_inv,
-        })
+        Ok(s.host_tensor(codes, scales, rv.or(cv).expect("one side planned")))
     }
 
     fn dequantize(&self, t: &quant::QuantizedTensor) -> Result<Vec<f32>> {

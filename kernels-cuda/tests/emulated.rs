@@ -187,19 +187,7 @@ fn run_plan(
     let mk = |side: Option<abi::Side>, bufs: Option<(Vec<u8>, Vec<u8>)>, v: Option<(f32, f32)>| {
         side.zip(bufs)
             .zip(v)
-            .map(|((s, (codes, scales)), (amax, tsi))| QuantizedTensor {
-                format: s.format,
-                block: s.block,
-                usage: s.usage,
-                rows: s.rows,
-                cols: s.cols,
-                padded_rows: s.padded_rows,
-                padded_cols: s.padded_cols,
-                codes,
-                scales,
-                amax,
-                tensor_scale_inv: tsi,
-            })
+            .map(|((s, (codes, scales)), v)| s.host_tensor(codes, scales, v))
     };
     Ok((mk(plan.row, row, rv), mk(plan.col, col, cv)))
 }
