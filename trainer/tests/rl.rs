@@ -8,7 +8,6 @@ use trainer::data::{DataSource, ShardFormat};
 use trainer::model::ModelConfig;
 use trainer::recipe::Recipe;
 use trainer::rl::config::{RlConfig, RlError};
-use trainer::rl::correction::Correction;
 use trainer::rl::plan::Plan;
 use trainer::rl::run::{RlOptions, RlRun};
 use trainer::rl::tasks::Task;
@@ -49,25 +48,10 @@ fn pretrained(dir: &Path, vocab: usize) -> PathBuf {
 }
 
 fn tiny_cfg() -> RlConfig {
-    RlConfig {
-        steps: 4,
-        prompts: 4,
-        group: 4,
-        eval_every: 2,
-        eval_prompts: 16,
-        calibration: 8,
-        lr: 1e-3,
-        correction: Correction::TokenTis,
-        ..RlConfig::default()
-    }
+    common::tiny_rl_config(4, 2)
 }
 
-fn quiet() -> RlOptions {
-    RlOptions {
-        quiet: true,
-        ..RlOptions::default()
-    }
-}
+use common::quiet_rl as quiet;
 
 /// metrics.jsonl without the timing fields.
 fn metrics_without_timing(dir: &Path) -> Vec<serde_json::Value> {

@@ -13,7 +13,6 @@ use trainer::model::ModelConfig;
 use trainer::recipe::Recipe;
 use trainer::rl::codec::TaskCodec;
 use trainer::rl::config::RlConfig;
-use trainer::rl::correction::Correction;
 use trainer::rl::mix::{pretrain_data, MixTokenizer};
 use trainer::rl::plan::Plan;
 use trainer::rl::run::{RlOptions, RlRun};
@@ -122,25 +121,10 @@ fn tokenizers_that_cannot_express_the_task_are_refused() {
 }
 
 fn tiny_cfg() -> RlConfig {
-    RlConfig {
-        steps: 2,
-        prompts: 4,
-        group: 4,
-        eval_every: 1,
-        eval_prompts: 16,
-        calibration: 8,
-        lr: 1e-3,
-        correction: Correction::TokenTis,
-        ..RlConfig::default()
-    }
+    common::tiny_rl_config(2, 1)
 }
 
-fn quiet() -> RlOptions {
-    RlOptions {
-        quiet: true,
-        ..RlOptions::default()
-    }
-}
+use common::quiet_rl as quiet;
 
 fn pretrain(dir: &Path) -> (PathBuf, Tokenizer) {
     let (data, tok) = bpe_mix(dir, 320);

@@ -5,6 +5,9 @@
 use std::path::Path;
 use std::process::{Command, Output};
 
+use trainer::rl::config::RlConfig;
+use trainer::rl::correction::Correction;
+use trainer::rl::run::RlOptions;
 use trainer::train::TrainOptions;
 
 /// Runs the `trainer` binary with `args` and collects its output.
@@ -31,5 +34,29 @@ pub fn opts(out: &Path) -> TrainOptions {
         out: out.to_path_buf(),
         quiet: true,
         stop_after: None,
+    }
+}
+
+/// A tiny GRPO configuration (4 prompts x 4 completions, token TIS, 16 held-out prompts)
+/// of `steps` steps, evaluated every `eval_every`.
+pub fn tiny_rl_config(steps: u64, eval_every: u64) -> RlConfig {
+    RlConfig {
+        steps,
+        prompts: 4,
+        group: 4,
+        eval_every,
+        eval_prompts: 16,
+        calibration: 8,
+        lr: 1e-3,
+        correction: Correction::TokenTis,
+        ..RlConfig::default()
+    }
+}
+
+/// RL options without the progress bar.
+pub fn quiet_rl() -> RlOptions {
+    RlOptions {
+        quiet: true,
+        ..RlOptions::default()
     }
 }
