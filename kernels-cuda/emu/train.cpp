@@ -16,7 +16,9 @@
 #include "../cuda/cross_entropy.cu"
 #include "../cuda/elementwise.cu"
 #include "../cuda/embedding.cu"
+#include "../cuda/fp8.cu"
 #include "../cuda/gemm.cu"
+#include "../cuda/mx.cu"
 #include "../cuda/norm.cu"
 #include "../cuda/nvfp4.cu"
 #include "../cuda/optim.cu"
@@ -89,11 +91,25 @@ EMU(nb_sgemm)
 EMU(nb_amax)
 EMU(nb_amax_rht_col)
 EMU(nb_nvfp4_dequantize)
+// the MX and FP8 quantizers' dequantization (kernels_cuda::train_quant::QuantOps)
+EMU(nb_mx_dequantize)
+EMU(nb_fp8_dequantize)
 
 // nb_nvfp4_quantize takes its arguments by value: slot 0 points at them.
 extern "C" void emu_nb_nvfp4_quantize(unsigned gx, unsigned gy, const slot* a) {
   const Nvfp4Args args = *arg<const Nvfp4Args*>(a, 0);
   emu::launch(dim3{gx, gy, 1}, [&] { nb_nvfp4_quantize(args); });
+}
+
+// nb_mx_quantize and nb_fp8_quantize likewise.
+extern "C" void emu_nb_mx_quantize(unsigned gx, unsigned gy, const slot* a) {
+  const MxArgs args = *arg<const MxArgs*>(a, 0);
+  emu::launch(dim3{gx, gy, 1}, [&] { nb_mx_quantize(args); });
+}
+
+extern "C" void emu_nb_fp8_quantize(unsigned gx, unsigned gy, const slot* a) {
+  const Fp8Args args = *arg<const Fp8Args*>(a, 0);
+  emu::launch(dim3{gx, gy, 1}, [&] { nb_fp8_quantize(args); });
 }
 
 // nb_adamw takes its coefficients by value: slot 5 points at them.

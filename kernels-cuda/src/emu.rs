@@ -24,6 +24,7 @@ use std::path::PathBuf;
 use std::process::Command;
 use std::sync::OnceLock;
 
+use crate::abi::Args;
 use crate::train::{Arg, Elem, Launcher, THREADS};
 use crate::{KernelError, Result};
 
@@ -175,16 +176,20 @@ impl Launcher for Emu {
         let mut k = 0;
         let slots: Vec<u64> = args
             .iter()
-            .map(|a| match *a {
-                Arg::Ptr(p) | Arg::U64(p) => p,
-                Arg::I32(v) => v as i64 as u64,
-                Arg::I64(v) => v as u64,
+            .map(|a| match a {
+                Arg::Ptr(p) | Arg::U64(p) => *p,
+                Arg::I32(v) => *v as i64 as u64,
+                Arg::I64(v) => *v as u64,
                 Arg::F32(v) => v.to_bits() as u64,
                 Arg::F64(v) => v.to_bits(),
                 Arg::AdamW(_) => {
                     k += 1;
                     &adamw[k - 1] as *const _ as u64
                 }
+                // by pointer into `args`, which outlives the call (emu/train.cpp copies it)
+                Arg::Quant(Args::Nvfp4(s)) => s as *const _ as u64,
+                Arg::Quant(Args::Mx(s)) => s as *const _ as u64,
+                Arg::Quant(Args::Fp8(s)) => s as *const _ as u64,
             })
             .collect();
         let name = format!("emu_{kernel}\0");

@@ -11,6 +11,7 @@ use cudarc::driver::{
 };
 use cudarc::nvrtc::Ptx;
 
+use crate::abi::Args;
 use crate::gpu::{jit_log, GpuContext, THREADS};
 use crate::ptx::Module;
 use crate::train::{Arg, Elem, Launcher};
@@ -29,7 +30,19 @@ pub(crate) struct TrainKernels {
     functions: HashMap<&'static str, CudaFunction>,
 }
 
-const TRAIN_MODULES: [(Module, &[&str]); 9] = [
+const TRAIN_MODULES: [(Module, &[&str]); 12] = [
+    // the quantizers of the device linear layer (`train_quant::QuantOps`)
+    (
+        crate::ptx::NVFP4,
+        &[
+            "nb_amax",
+            "nb_amax_rht_col",
+            "nb_nvfp4_quantize",
+            "nb_nvfp4_dequantize",
+        ],
+    ),
+    (crate::ptx::MX, &["nb_mx_quantize", "nb_mx_dequantize"]),
+    (crate::ptx::FP8, &["nb_fp8_quantize", "nb_fp8_dequantize"]),
     (
         crate::ptx::ACTIVATION,
         &["nb_act_fwd", "nb_act_bwd", "nb_swiglu_fwd", "nb_swiglu_bwd"],
@@ -187,6 +200,9 @@ impl Launcher for GpuContext {
                 Arg::F32(v) => b.arg(v),
                 Arg::F64(v) => b.arg(v),
                 Arg::AdamW(c) => b.arg(c),
+                Arg::Quant(Args::Nvfp4(a)) => b.arg(a),
+                Arg::Quant(Args::Mx(a)) => b.arg(a),
+                Arg::Quant(Args::Fp8(a)) => b.arg(a),
             };
         }
         let cfg = LaunchConfig {

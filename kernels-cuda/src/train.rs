@@ -47,6 +47,8 @@ pub enum Arg {
     F64(f64),
     /// `AdamWCoeffs`, by value.
     AdamW(AdamWCoeffs),
+    /// A quantization kernel's argument struct (`Nvfp4Args`, `MxArgs`, `Fp8Args`), by value.
+    Quant(crate::abi::Args),
 }
 
 /// Element types of device buffers.
@@ -62,6 +64,7 @@ pub trait Elem:
     + 'static
 {
 }
+impl Elem for u8 {}
 impl Elem for f32 {}
 impl Elem for f64 {}
 impl Elem for u32 {}

@@ -1,0 +1,203 @@
+//! The quantizer kernels as a GEMM operand former on any [`Launcher`] (the GPU or the
+//! emulator): [`QuantOps::fake_quantize`] quantizes a device tensor with a validated
+//! [`quant::Quantizer`] (planned by [`abi::plan`], the same launches as
+//! [`QuantizerBackend`](quant::QuantizerBackend) for [`GpuContext`](crate::GpuContext)) and
+//! dequantizes the copy without its per-tensor factor: the values of quant's
+//! `Quantizer::fake_quantize_into` and its factor, bit for bit. autograd's device linear layer
+//! multiplies these values with the f32 GEMM and applies the two factors as the GEMM's `alpha`,
+//! as `quant::qgemm` does.
+//!
+//! ```no_run
+//! # #[cfg(feature = "emu")] {
+//! use kernels_cuda::emu::Emu;
+//! use kernels_cuda::train::Launcher;
+//! use kernels_cuda::train_quant::QuantOps;
+//! use quant::{MatRef, OperandQuant, QuantState, Quantizer, Usage};
+//! let emu = Emu::shared().expect("a C++20 compiler");
+//! let host: Vec<f32> = (0..64).map(|i| i as f32 / 7.0).collect();
+//! let x = emu.upload(&host).unwrap();
+//! let mut v = emu.zeros::<f32>(64).unwrap();
+//! let q = Quantizer::new(OperandQuant::nvfp4(), Usage::Rowwise).unwrap();
+//! let f = emu.fake_quantize(&q, &x, (4, 16), &mut QuantState::new(), &mut v).unwrap();
+//! let mut want = vec![0.0; 64];
+//! let fw = q.fake_quantize_into(MatRef::new(&host, 4, 16).unwrap(), &mut QuantState::new(), &mut want).unwrap();
+//! assert_eq!((v.to_vec(), f), (want, fw));
+//! # }
+//! ```
+
+use quant::{QuantState, Quantizer, Usage};
+
+use crate::abi::{self, AmaxPass, Args, Dims, OutPtrs};
+use crate::train::{Arg, Launcher};
+use crate::{KernelError, Result};
+
+/// Quantization of GEMM operands on a [`Launcher`].
+pub trait QuantOps: Launcher {
+    /// Quantizes the row-major `[rows, cols]` tensor `x` with `q` (its usage picks the rowwise
+    /// or the columnwise copy; its key the random bits) and writes the copy's values without
+    /// the per-tensor factor to `out`, in the stored layout (rowwise `[rows, cols]`,
+    /// columnwise `[cols, rows]`); returns the factor (NVFP4 `S_dec`, MX 1 or 4/3, FP8
+    /// `1 / scale`). `state`: FP8's, as quant's quantizer keeps it (delayed scaling casts with
+    /// its scale and records the amax; every FP8 cast sets its last amax and scale).
+    ///
+    /// # Errors
+    /// [`KernelError::InvalidArgument`] for lengths that do not match the shape;
+    /// [`KernelError::Unsupported`] for what the GPU quantizers do not run (F32 / BF16
+    /// "quantizers", Four Over Six, MXFP6, empty tensors); [`KernelError::NonFinite`] for NaN or
+    /// ±Inf input to NVFP4 / MX (as quant rejects it); the device's allocation errors.
+    fn fake_quantize(
+        &self,
+        q: &Quantizer,
+        x: &Self::Buf<f32>,
+        dims: (usize, usize),
+        state: &mut QuantState,
+        out: &mut Self::Buf<f32>,
+    ) -> Result<f32>;
+}
+
+fn check_len(what: &str, got: usize, want: usize) -> Result<()> {
+    if got != want {
+        return Err(KernelError::InvalidArgument(format!(
+            "fake_quantize: {what} has {got} elements, expected {want}"
+        )));
+    }
+    Ok(())
+}
+
+impl<L: Launcher + ?Sized> QuantOps for L {
+    fn fake_quantize(
+        &self,
+        q: &Quantizer,
+        x: &Self::Buf<f32>,
+        (rows, cols): (usize, usize),
+        state: &mut QuantState,
+        out: &mut Self::Buf<f32>,
+    ) -> Result<f32> {
+        let n = rows
+            .checked_mul(cols)
+            .ok_or_else(|| KernelError::InvalidArgument(format!("{rows} x {cols} overflows")))?;
+        check_len("x", self.len(x), n)?;
+        check_len("out", self.len(out), n)?;
+        let (row, col) = match q.usage() {
+            Usage::Rowwise => (Some(q), None),
+            Usage::Columnwise => (None, Some(q)),
+        };
+        let mut plan = abi::plan(Dims { rows, cols }, row, col, state)?;
+        let side = plan.row.or(plan.col).expect("one side planned");
+        let codes = self.zeros::<u8>(side.codes_len)?;
+        let scales = self.zeros::<u8>(side.scale_len)?;
+        let amax = self.zeros::<u32>(4)?;
+        let meta = self.zeros::<f32>(2)?;
+        let o = OutPtrs {
+            codes: self.ptr(&codes),
+            scales: if side.scale_len > 0 {
+                self.ptr(&scales)
+            } else {
+                0
+            },
+        };
+        let (rp, cp) = match q.usage() {
+            Usage::Rowwise => (o, OutPtrs::default()),
+            Usage::Columnwise => (OutPtrs::default(), o),
+        };
+        let (px, pa) = (self.ptr(x), self.ptr(&amax));
+        plan.set_pointers(px, pa, self.ptr(&meta), rp, cp);
+        let kernel = match plan.args {
+            Args::Nvfp4(_) => "nb_nvfp4_quantize",
+            Args::Mx(_) => "nb_mx_quantize",
+            Args::Fp8(_) => "nb_fp8_quantize",
+        };
+        // SAFETY: every pointer refers to a live buffer of the length the plan asks for (the
+        // plan's sides size the outputs; amax has 4 words, meta 2 floats), and the argument
+        // lists are the kernels' parameter lists (cuda/nvfp4.cu, mx.cu, fp8.cu).
+        unsafe {
+            match plan.amax_pass {
+                AmaxPass::None => {}
+                AmaxPass::Plain => self.launch(
+                    "nb_amax",
+                    (self.grid_stride_blocks(n.div_ceil(4)), 1),
+                    &[Arg::Ptr(px), Arg::U64(n as u64), Arg::Ptr(pa)],
+                )?,
+                AmaxPass::RhtCol => {
+                    let Args::Nvfp4(a) = plan.args else {
+                        unreachable!("the RHT amax pass belongs to NVFP4 plans")
+                    };
+                    self.launch(
+                        "nb_amax_rht_col",
+                        (plan.amax_grid.0, plan.amax_grid.1),
+                        &[
+                            Arg::Ptr(px),
+                            Arg::I32(a.rows),
+                            Arg::I32(a.cols),
+                            Arg::U64(a.rht_mask as u64),
+                            Arg::Ptr(pa),
+                        ],
+                    )?
+                }
+            }
+            self.launch(kernel, (plan.grid.0, plan.grid.1), &[Arg::Quant(plan.args)])?;
+        }
+        let bits = self.download(&amax)?;
+        let m = self.download(&meta)?;
+        let (rv, cv) = plan.results(&bits, &m)?;
+        let (_, factor) = rv.or(cv).expect("one side planned");
+        if let Args::Fp8(a) = plan.args {
+            let amax = f32::from_bits(bits[0]);
+            if plan.delayed_fp8 {
+                state.record_amax(amax);
+            }
+            let scale = if plan.delayed_fp8 { a.host_scale } else { m[0] };
+            *state = QuantState::restore(state.amax_history().to_vec(), state.scale(), amax, scale);
+        }
+        let (sr, sc, spc) = (side.rows, side.cols, side.padded_cols);
+        let i = |v: usize| {
+            i32::try_from(v).map_err(|_| KernelError::InvalidArgument(format!("{v} > i32")))
+        };
+        let (pc, ps, po) = (self.ptr(&codes), self.ptr(&scales), self.ptr(out));
+        // SAFETY: the dequantization kernels read the codes and scales the quantization wrote
+        // (sizes from the plan) and write `rows * cols` floats to `out` (checked above).
+        unsafe {
+            match plan.args {
+                Args::Nvfp4(_) => self.launch(
+                    "nb_nvfp4_dequantize",
+                    (self.grid_stride_blocks(sr * spc / 2), 1),
+                    &[
+                        Arg::Ptr(pc),
+                        Arg::Ptr(ps),
+                        Arg::I32(i(sr)?),
+                        Arg::I32(i(sc)?),
+                        Arg::I32(i(spc)?),
+                        Arg::F32(1.0),
+                        Arg::Ptr(po),
+                    ],
+                )?,
+                Args::Mx(a) => self.launch(
+                    "nb_mx_dequantize",
+                    (self.grid_stride_blocks(n), 1),
+                    &[
+                        Arg::Ptr(pc),
+                        Arg::Ptr(ps),
+                        Arg::I32(i(sr)?),
+                        Arg::I32(i(sc)?),
+                        Arg::I32(i(spc)?),
+                        Arg::I32(a.elem),
+                        Arg::F32(1.0),
+                        Arg::Ptr(po),
+                    ],
+                )?,
+                Args::Fp8(a) => self.launch(
+                    "nb_fp8_dequantize",
+                    (self.grid_stride_blocks(n), 1),
+                    &[
+                        Arg::Ptr(pc),
+                        Arg::U64(n as u64),
+                        Arg::I32(a.elem),
+                        Arg::F32(1.0),
+                        Arg::Ptr(po),
+                    ],
+                )?,
+            }
+        }
+        Ok(factor)
+    }
+}
