@@ -344,6 +344,9 @@ enum Sink<'a> {
     Codes(&'a mut [u8]),
     /// The FP8 value per element.
     Values(&'a mut [f32]),
+    /// The FP8 values of a rowwise operand packed into BF16 GEMM tiles (A layout when
+    /// true, see [`crate::gemm::pack::pack_panels`]).
+    Packed(bool, &'a mut Vec<u32>),
 }
 
 /// What one cast of a tensor used and found.
@@ -442,6 +445,18 @@ fn cast_tensor(
                 })
             })
             .reduce(zero, fast::CastStats::merge),
+        Sink::Packed(a_layout, buf) => {
+            debug_assert_eq!(usage, Usage::Rowwise);
+            let merge = fast::CastStats::merge;
+            crate::gemm::pack::pack_panels(srows, scols, a_layout, buf, merge, |r0, dst| {
+                let n = dst.len() / scols;
+                with_scratch(|s| {
+                    let rb = random_bytes(c.sr, &mut s.rbits, r0 * scols, n * scols);
+                    let src = &x[r0 * scols..(r0 + n) * scols];
+                    fast::cast_panel(element, src, scale, rb, dst, amax, portable)
+                })
+            })
+        }
         Sink::Codes(o) => o
             .par_chunks_mut(p * scols)
             .enumerate()
@@ -572,6 +587,28 @@ fn fake_impl(
     let sink = Sink::Values(out);
     let o = cast(qz, x, state, sink, portable)?;
     Ok((1.0 / o.scale, o.clipped))
+}
+
+/// The rowwise [`fake_quantize_into`] packed straight into the BF16 GEMM's tiles
+/// (`a_layout`: as its A operand, else as B; see [`crate::gemm::pack::pack_panels`]): the
+/// same values and the same state update, with no f32 copy of the operand. Returns the
+/// per-tensor factor `1 / scale`, or `None` for a columnwise quantizer or an empty tensor
+/// (the caller quantizes those the usual way).
+///
+/// # Errors
+/// As [`fake_quantize_into`].
+pub(crate) fn fake_quantize_packed(
+    qz: &Quantizer,
+    x: MatRef<'_>,
+    state: &mut QuantState,
+    a_layout: bool,
+    buf: &mut Vec<u32>,
+) -> Result<Option<f32>, QuantError> {
+    if qz.usage() != Usage::Rowwise || x.rows == 0 || x.cols == 0 {
+        return Ok(None);
+    }
+    let o = cast(qz, x, state, Sink::Packed(a_layout, buf), false)?;
+    Ok(Some(1.0 / o.scale))
 }
 
 /// Dequantizes an FP8 tensor: `fp8(code) · tensor_scale_inv`, stored layout.

@@ -368,6 +368,32 @@ fn source_layout_impl(
     )))
 }
 
+/// The rowwise [`fake_quantize_into`] of `x` packed straight into the BF16 GEMM's tiles
+/// (`a_layout`: as its A operand, else as B; see [`crate::gemm::pack::pack_panels`]): the
+/// same values panel by panel, packed while in cache, with no f32 copy of the operand.
+/// Returns the per-tensor factor, or `None` for what this path does not cover (RHT, an
+/// empty tensor), which the caller quantizes the usual way.
+///
+/// # Errors
+/// As [`fake_quantize_into`] with [`Usage::Rowwise`].
+pub(crate) fn fake_quantize_packed(
+    x: &[f32],
+    (rows, cols): (usize, usize),
+    q: &OperandQuant,
+    key: RngKey,
+    a_layout: bool,
+    buf: &mut Vec<u32>,
+) -> Result<Option<f32>, QuantError> {
+    let c = settings(q, Usage::Rowwise, key)?;
+    panel::check_len(x, rows, cols)?;
+    if rows == 0 || cols == 0 || c.rht != Rht::Off {
+        return Ok(None);
+    }
+    let st = fast::fake_quantize_packed(x, rows, cols, &c, a_layout, buf);
+    check_finite(x, st)?;
+    Ok(Some(if c.prescale { PRESCALE_INV } else { 1.0 }))
+}
+
 /// `out[i] = element(codes[i]) · scale(i / 32) · f` for one stored row (unpacked codes;
 /// `out` may be shorter than `codes`, dropping the padding).
 fn decode_row(element: MxElement, codes: &[u8], scales: &[u8], f: f32, out: &mut [f32]) {

@@ -891,6 +891,29 @@ pub(crate) fn fake_quantize_into(
     fake_quantize_reference(x, &plan, out)
 }
 
+/// The rowwise [`fake_quantize_into`] of `x` packed straight into the BF16 GEMM's tiles
+/// (`a_layout`: as its A operand, else as B; see [`crate::gemm::pack::pack_panels`]): the
+/// same values panel by panel, packed while in cache, with no f32 copy of the operand.
+/// Returns `S_dec`, or `None` for what this path does not cover (Four Over Six, an empty
+/// tensor), which the caller quantizes the usual way.
+///
+/// # Errors
+/// As [`fake_quantize_into`] with [`Usage::Rowwise`].
+pub(crate) fn fake_quantize_packed(
+    x: &[f32],
+    (rows, cols): (usize, usize),
+    q: &OperandQuant,
+    key: RngKey,
+    a_layout: bool,
+    buf: &mut Vec<u32>,
+) -> Result<Option<f32>, QuantError> {
+    let plan = Plan::new(x, rows, cols, Usage::Rowwise, q, key)?;
+    if plan.fos.is_some() || plan.is_empty() || plan.mask.is_some() {
+        return Ok(None);
+    }
+    fast::fake_quantize_packed(x, &plan, a_layout, buf).map(Some)
+}
+
 /// The columnwise [`fake_quantize_into`] of `x` (`[rows, cols]`) written in the layout of
 /// `x` instead of the stored (transposed) layout: `out[r * cols + c]` is the stored value at
 /// `(c, r)`. Returns `S_dec`. The emulated GEMM reads it through a transposed view, which

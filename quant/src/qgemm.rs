@@ -49,7 +49,9 @@
 use std::cell::Cell;
 
 use crate::config::{Fp8Scaling, OperandQuant, QuantFormat, RoundingMode, Usage};
-use crate::gemm::bf16::{quantized_gemm_rounds_inputs, quantized_gemm_tn, Bf16Workspace};
+use crate::gemm::bf16::{
+    quantized_gemm_rounds_inputs, quantized_gemm_sides, quantized_gemm_tn, Bf16Workspace, Side,
+};
 use crate::gemm::{sgemm, MatRef};
 use crate::{QuantError, QuantState, Quantizer};
 
@@ -150,8 +152,8 @@ pub fn quantized_matmul_tn_with(
     let qa = a.quantizer.quantizes();
     let qb = b.quantizer.quantizes();
     let rounds = qa && qb && quantized_gemm_rounds_inputs();
-    let (av, fa) = prepare(a, wa, rounds)?;
-    let (bv, fb) = prepare(b, wb, rounds)?;
+    let (av, fa) = prepare(a, wa, (&mut packed.a, true), rounds)?;
+    let (bv, fb) = prepare(b, wb, (&mut packed.b, false), rounds)?;
     finish((av, fa, qa), (bv, fb, qb), out, packed);
     Ok(())
 }
@@ -277,8 +279,9 @@ pub fn quantized_matmul_tn_prequantized(
     let qa = a.quantizer.quantizes();
     let GemmWorkspace { a: wa, packed, .. } = &mut *ws;
     let rounds = qa && b.quantized && quantized_gemm_rounds_inputs();
-    let r = prepare(a, wa, rounds)
-        .map(|(av, fa)| finish((av, fa, qa), (b.values, b.factor, b.quantized), out, packed));
+    let b_side = (Side::View(b.values), b.factor, b.quantized);
+    let r = prepare(a, wa, (&mut packed.a, true), rounds)
+        .map(|(av, fa)| finish((av, fa, qa), b_side, out, packed));
     WORKSPACE.with(|c| c.set(Some(ws)));
     r
 }
@@ -319,22 +322,27 @@ fn check_shapes(m: usize, ka: usize, n: usize, kb: usize, out: &[f32]) -> Result
 /// on it or on the thread count).
 const EPILOGUE_CHUNK: usize = 1 << 16;
 
-/// `out = α · Â · B̂ᵀ` from the prepared `[M, K]` and `[N, K]` views, their factors and
-/// whether each is quantized (then exactly BF16).
+/// `out = α · Â · B̂ᵀ` from the prepared `[M, K]` and `[N, K]` operands (views, or packed
+/// into `packed` by the quantizer), their factors and whether each is quantized (then
+/// exactly BF16; an operand is packed only when both are and the tile unit runs).
 fn finish(
-    (av, fa, qa): (MatRef<'_>, f32, bool),
-    (bv, fb, qb): (MatRef<'_>, f32, bool),
+    (av, fa, qa): (Side<'_>, f32, bool),
+    (bv, fb, qb): (Side<'_>, f32, bool),
     out: &mut [f32],
     packed: &mut Bf16Workspace,
 ) {
-    if qa && qb {
-        quantized_gemm_tn(av, bv, out, packed);
-    } else {
+    let k = match av {
+        Side::View(v) => v.cols,
+        Side::Packed { k, .. } => k,
+    };
+    match (av, bv) {
+        (Side::View(a), Side::View(b)) if qa && qb => quantized_gemm_tn(a, b, out, packed),
         // B̂ᵀ: [K, N].
-        sgemm(1.0, av, bv.t(), 0.0, out);
+        (Side::View(a), Side::View(b)) => sgemm(1.0, a, b.t(), 0.0, out),
+        (a, b) => quantized_gemm_sides(a, b, out, packed),
     }
     let alpha = fa * fb;
-    if alpha != 1.0 && av.cols > 0 {
+    if alpha != 1.0 && k > 0 {
         // One O(MN) pass; split across the rayon pool only when large.
         if out.len() >= 2 * EPILOGUE_CHUNK {
             use rayon::prelude::*;
@@ -368,14 +376,19 @@ fn quant_state<'s>(
     }
 }
 
-/// The operand as an `[outer, K]` view and its per-tensor factor. `gemm_rounds`: the GEMM
-/// rounds its inputs to BF16 (nearest even) itself, so a BF16 round-to-nearest operand goes
-/// in unrounded, the same bits without a pass over it ([`quantized_gemm_rounds_inputs`]).
+/// The operand as an `[outer, K]` view and its per-tensor factor. `gemm_rounds`: both
+/// operands are quantized and the GEMM runs on the tile unit, which rounds its inputs to
+/// BF16 (nearest even) itself ([`quantized_gemm_rounds_inputs`]). Then a BF16
+/// round-to-nearest operand goes in unrounded (the same bits without a pass over it), and
+/// a rowwise quantized operand is quantized straight into the packed tiles `tiles.0` (as
+/// the GEMM's A operand when `tiles.1`, else as B) with no f32 copy
+/// ([`Quantizer::fake_quantize_packed`]): [`Side::Packed`].
 fn prepare<'a>(
     op: Operand<'a>,
     buf: &'a mut Vec<f32>,
+    tiles: (&mut Vec<u32>, bool),
     gemm_rounds: bool,
-) -> Result<(MatRef<'a>, f32), QuantError> {
+) -> Result<(Side<'a>, f32), QuantError> {
     let (outer, k) = op.gemm_shape();
     let quantizer = op.quantizer;
     let spec = quantizer.spec();
@@ -384,13 +397,18 @@ fn prepare<'a>(
         && spec.rht == crate::config::Rht::Off;
     if !quantizer.quantizes() || (gemm_rounds && bf16_rne) {
         return Ok(match quantizer.usage() {
-            Usage::Rowwise => (op.x, 1.0),
-            Usage::Columnwise => (op.x.t(), 1.0),
+            Usage::Rowwise => (Side::View(op.x), 1.0),
+            Usage::Columnwise => (Side::View(op.x.t()), 1.0),
         });
     }
     let mut op = op;
     let mut local = QuantState::new();
     let state = quant_state(&mut op.state, quantizer.spec(), &mut local)?;
+    if gemm_rounds {
+        if let Some(f) = quantizer.fake_quantize_packed(op.x, state, tiles.1, tiles.0)? {
+            return Ok((Side::Packed { rows: outer, k }, f));
+        }
+    }
     let n = outer * k;
     if buf.len() < n {
         buf.resize(n, 0.0);
@@ -402,9 +420,12 @@ fn prepare<'a>(
         // copy, and the GEMM packs the view like an f32 operand's. The packed operand, hence
         // the product, is the same bit for bit as from the stored (transposed) layout.
         if let Some(f) = quantizer.fake_quantize_source_layout(op.x, state, dst)? {
-            return Ok((MatRef::row_major(dst, op.x.rows, op.x.cols).t(), f));
+            return Ok((
+                Side::View(MatRef::row_major(dst, op.x.rows, op.x.cols).t()),
+                f,
+            ));
         }
     }
     let f = quantizer.fake_quantize_into(op.x, state, dst)?;
-    Ok((MatRef::row_major(dst, outer, k), f))
+    Ok((Side::View(MatRef::row_major(dst, outer, k)), f))
 }

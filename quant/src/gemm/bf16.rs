@@ -26,16 +26,17 @@
 
 use rayon::prelude::*;
 
+use super::pack::{pack_a, pack_b, packed_row_tiles};
 use super::MatRef;
 
 /// K elements per chunk (one AMX tile row of BF16 pairs).
 pub const CHUNK: usize = 32;
 /// Rows (of A) or columns (of B) per tile.
-const TILE: usize = 16;
+pub(super) const TILE: usize = 16;
 /// BF16 elements of one packed tile.
 const TILE_ELEMS: usize = TILE * CHUNK;
 /// 32-bit words (BF16 pairs along K) of one packed tile.
-const TILE_WORDS: usize = TILE_ELEMS / 2;
+pub(super) const TILE_WORDS: usize = TILE_ELEMS / 2;
 /// Rows and columns of the output block one kernel call computes (2 x 2 tiles).
 const BLOCK: usize = 2 * TILE;
 /// Chunks of K per slab (see `gemm`): 16 KiB of tiles per 32-row or 32-column block.
@@ -83,8 +84,10 @@ fn add_exact(s: f32, p: f64) -> f32 {
 /// Packed operands, reusable across calls.
 #[derive(Debug, Default)]
 pub struct Bf16Workspace {
-    a: Vec<u32>,
-    b: Vec<u32>,
+    /// Packed A tiles (filled by the GEMM, or by [`super::pack::pack_panels`]).
+    pub(crate) a: Vec<u32>,
+    /// Packed B tiles.
+    pub(crate) b: Vec<u32>,
 }
 
 impl Bf16Workspace {
@@ -170,13 +173,63 @@ pub fn bf16_gemm_tn_portable(
 }
 
 fn gemm(amx: bool, a: MatRef<'_>, b: MatRef<'_>, out: &mut [f32], ws: &mut Bf16Workspace) {
-    let (m, k, n) = (a.rows, a.cols, b.rows);
-    assert_eq!(b.cols, k, "bf16_gemm_tn: K differs ({k} vs {})", b.cols);
-    assert_eq!(out.len(), m * n, "bf16_gemm_tn: output length");
+    gemm_sides(amx, Side::View(a), Side::View(b), out, ws);
+}
+
+/// One operand of [`quantized_gemm_sides`]: a view the GEMM packs, or an `[rows, k]` operand
+/// already packed into the workspace's buffer of its side ([`Bf16Workspace`]'s `a` for A,
+/// `b` for B) by [`super::pack::pack_panels`] with the same `rows` and `k`.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum Side<'a> {
+    /// Values to round and pack.
+    View(MatRef<'a>),
+    /// Tiles already in the workspace.
+    Packed {
+        /// Rows of the operand (M for A, N for B).
+        rows: usize,
+        /// The reduction dimension.
+        k: usize,
+    },
+}
+
+impl Side<'_> {
+    fn dims(&self) -> (usize, usize) {
+        match self {
+            Side::View(v) => (v.rows, v.cols),
+            Side::Packed { rows, k } => (*rows, *k),
+        }
+    }
+}
+
+/// [`quantized_gemm_tn`] on operands that may come packed already (quantized straight into
+/// the tile layout, see [`super::pack::pack_panels`]). Only where the tile unit runs
+/// ([`quantized_gemm_rounds_inputs`]): the packed tiles are its input format.
+///
+/// # Panics
+/// As [`bf16_gemm_tn`]; also when the CPU has no AMX-BF16 or a packed side's buffer is too
+/// short for its shape.
+pub(crate) fn quantized_gemm_sides(
+    a: Side<'_>,
+    b: Side<'_>,
+    out: &mut [f32],
+    ws: &mut Bf16Workspace,
+) {
     assert!(
-        a.fits() && b.fits(),
-        "bf16_gemm_tn: a strided view exceeds its storage"
+        quantized_gemm_rounds_inputs(),
+        "quantized_gemm_sides: no AMX-BF16 on this CPU"
     );
+    gemm_sides(true, a, b, out, ws);
+}
+
+fn gemm_sides(amx: bool, a: Side<'_>, b: Side<'_>, out: &mut [f32], ws: &mut Bf16Workspace) {
+    let ((m, k), (n, kb)) = (a.dims(), b.dims());
+    assert_eq!(kb, k, "bf16_gemm_tn: K differs ({k} vs {kb})");
+    assert_eq!(out.len(), m * n, "bf16_gemm_tn: output length");
+    for side in [a, b] {
+        if let Side::View(v) = side {
+            assert!(v.fits(), "bf16_gemm_tn: a strided view exceeds its storage");
+        }
+    }
     if m == 0 || n == 0 {
         return;
     }
@@ -186,8 +239,15 @@ fn gemm(amx: bool, a: MatRef<'_>, b: MatRef<'_>, out: &mut [f32], ws: &mut Bf16W
     }
     let kc = k.div_ceil(CHUNK);
     let (mb, nb) = (m.div_ceil(BLOCK), n.div_ceil(BLOCK));
-    pack_a(a, kc, mb * 2, &mut ws.a);
-    pack_b(b, kc, nb * 2, &mut ws.b);
+    debug_assert_eq!((mb * 2, nb * 2), (packed_row_tiles(m), packed_row_tiles(n)));
+    match a {
+        Side::View(a) => pack_a(a, kc, mb * 2, &mut ws.a),
+        Side::Packed { .. } => assert!(ws.a.len() >= mb * 2 * kc * TILE_WORDS),
+    }
+    match b {
+        Side::View(b) => pack_b(b, kc, nb * 2, &mut ws.b),
+        Side::Packed { .. } => assert!(ws.b.len() >= nb * 2 * kc * TILE_WORDS),
+    }
     let (pa, pb) = (&ws.a[..], &ws.b[..]);
     // Each task owns a group of 32-row blocks of the output (written by it alone) and runs
     // over K in slabs of KBLOCK chunks, all its blocks per slab, so that the slab of B's tiles
@@ -305,207 +365,6 @@ fn tile_portable(c: &mut [f32], ldc: usize, a: &[u16], b: &[u16]) {
             cr[nn] = ftz(cr[nn] + ftz(e[nn] + o[nn]));
         }
     }
-}
-
-/// Two BF16 values as the 32-bit word that holds `lo` first in memory (element `2p` of a
-/// pair before `2p + 1`, whatever the byte order).
-#[inline(always)]
-fn pair(lo: u16, hi: u16) -> u32 {
-    if cfg!(target_endian = "little") {
-        lo as u32 | (hi as u32) << 16
-    } else {
-        hi as u32 | (lo as u32) << 16
-    }
-}
-
-/// Packs `A: [M, K]` into `row_tiles · kc` tiles of 16 rows x 32 BF16 (row-major, rows and
-/// K padded with zeros): tile `(i, t)` at word `(i · kc + t) · 256`, element `(r, k)` of it
-/// in word `r · 16 + k / 2`.
-fn pack_a(a: MatRef<'_>, kc: usize, row_tiles: usize, buf: &mut Vec<u32>) {
-    let len = row_tiles * kc * TILE_WORDS;
-    if buf.len() < len {
-        buf.resize(len, 0);
-    }
-    let wide = wide_packing();
-    let group = group_size(len / (kc * TILE_WORDS));
-    buf[..len]
-        .par_chunks_mut(group * kc * TILE_WORDS)
-        .enumerate()
-        .for_each(|(g, tiles)| {
-            #[cfg(target_arch = "x86_64")]
-            if wide {
-                // SAFETY: `wide` says the CPU has AVX-512F/BW/VL.
-                unsafe { pack_tiles_avx512(a, kc, g * group, tiles, true) };
-                return;
-            }
-            pack_tiles(a, kc, g * group, tiles, true);
-        });
-}
-
-/// Packs `B: [N, K]` into `col_tiles · kc` tiles of 16 K-pairs x 16 columns x 2 BF16 (the
-/// pair-interleaved layout of the tile unit's second operand, zero-padded): element
-/// `(n, k)` of tile `(j, t)` (`n = 16j + nn`, `k = 32t + 2p + q`) in word
-/// `(j · kc + t) · 256 + p · 16 + nn`, half `q`.
-fn pack_b(b: MatRef<'_>, kc: usize, col_tiles: usize, buf: &mut Vec<u32>) {
-    let len = col_tiles * kc * TILE_WORDS;
-    if buf.len() < len {
-        buf.resize(len, 0);
-    }
-    let wide = wide_packing();
-    let group = group_size(len / (kc * TILE_WORDS));
-    buf[..len]
-        .par_chunks_mut(group * kc * TILE_WORDS)
-        .enumerate()
-        .for_each(|(g, tiles)| {
-            #[cfg(target_arch = "x86_64")]
-            if wide {
-                // SAFETY: `wide` says the CPU has AVX-512F/BW/VL.
-                unsafe { pack_tiles_avx512(b, kc, g * group, tiles, false) };
-                return;
-            }
-            pack_tiles(b, kc, g * group, tiles, false);
-        });
-}
-
-/// 16-row blocks per packing task: about two tasks per thread, so that a transposed view's
-/// lines (one per K step) are read in runs of `16 · group` contiguous elements. Packing only
-/// moves values, so the bits do not depend on it.
-fn group_size(blocks: usize) -> usize {
-    blocks.div_ceil(2 * rayon::current_num_threads()).max(1)
-}
-
-/// Packs the tiles of the 16-row blocks `i0 ..` of `x: [rows, K]` that `tiles` holds (`kc`
-/// tiles per block): as A tiles (`words[r][p]`, see [`pack_a`]) when `a_layout`, as B tiles
-/// (`words[p][r]`, see [`pack_b`]) otherwise.
-#[inline(always)]
-fn pack_tiles(x: MatRef<'_>, kc: usize, i0: usize, tiles: &mut [u32], a_layout: bool) {
-    let blocks = tiles.len() / (kc * TILE_WORDS);
-    let mut w = [[0u32; TILE]; TILE];
-    // K outermost for a transposed view (each K step's line is then read across the group's
-    // blocks in one run); block by block otherwise.
-    if x.col_stride != 1 && x.row_stride == 1 {
-        for t in 0..kc {
-            for b in 0..blocks {
-                let tile = &mut tiles[(b * kc + t) * TILE_WORDS..][..TILE_WORDS];
-                pack_tile(x, i0 + b, t, tile, a_layout, &mut w);
-            }
-        }
-    } else {
-        for b in 0..blocks {
-            for t in 0..kc {
-                let tile = &mut tiles[(b * kc + t) * TILE_WORDS..][..TILE_WORDS];
-                pack_tile(x, i0 + b, t, tile, a_layout, &mut w);
-            }
-        }
-    }
-}
-
-/// Packs tile `(i, t)` of `x` (rows `16i ..`, K `32t ..`; zero-padded). The two layouts are
-/// transposes of each other in words, so both are made from one 16 x 16 block of pairs
-/// `w[r][p]`, gathered along whichever axis of the view is contiguous.
-#[inline(always)]
-fn pack_tile(
-    x: MatRef<'_>,
-    i: usize,
-    t: usize,
-    tile: &mut [u32],
-    a_layout: bool,
-    w: &mut [[u32; TILE]; TILE],
-) {
-    let rows_here = x.rows.saturating_sub(i * TILE).min(TILE);
-    if rows_here == 0 {
-        tile.fill(0); // a padding tile
-        return;
-    }
-    let (k0, kn) = (t * CHUNK, (x.cols - t * CHUNK).min(CHUNK));
-    // `by_rows`: w[r][p] for each row r (K contiguous in memory);
-    // otherwise w[p][r] for each pair p (rows contiguous): the transposed block.
-    let by_rows = x.col_stride == 1 || x.row_stride != 1;
-    if by_rows {
-        for (r, wr) in w.iter_mut().enumerate() {
-            wr.fill(0);
-            if r >= rows_here {
-                continue;
-            }
-            let base = (i * TILE + r) * x.row_stride + k0 * x.col_stride;
-            if x.col_stride == 1 {
-                let src = &x.data[base..][..kn];
-                let (pairs, rest) = src.split_at(kn & !1);
-                for (d, v) in wr.iter_mut().zip(pairs.chunks_exact(2)) {
-                    *d = pair(bf16_bits(v[0]), bf16_bits(v[1]));
-                }
-                if let Some(&v) = rest.first() {
-                    wr[kn / 2] = pair(bf16_bits(v), 0);
-                }
-            } else {
-                for kk in 0..kn {
-                    let h = bf16_bits(x.data[base + kk * x.col_stride]);
-                    let d = &mut wr[kk / 2];
-                    *d = if kk % 2 == 0 {
-                        pair(h, 0)
-                    } else {
-                        *d | pair(0, h)
-                    };
-                }
-            }
-        }
-    } else {
-        for (p, wp) in w.iter_mut().enumerate() {
-            wp.fill(0);
-            let line = |kk: usize| &x.data[(k0 + kk) * x.col_stride + i * TILE..][..rows_here];
-            if 2 * p + 1 < kn {
-                for ((d, &lo), &hi) in wp.iter_mut().zip(line(2 * p)).zip(line(2 * p + 1)) {
-                    *d = pair(bf16_bits(lo), bf16_bits(hi));
-                }
-            } else if 2 * p < kn {
-                for (d, &lo) in wp.iter_mut().zip(line(2 * p)) {
-                    *d = pair(bf16_bits(lo), 0);
-                }
-            }
-        }
-    }
-    if by_rows == a_layout {
-        tile.copy_from_slice(bytemuck::cast_slice(&w[..]));
-    } else {
-        store_transposed(w, tile);
-    }
-}
-
-/// `tile[y · 16 + x] = w[x][y]`: the 16 x 16 words transposed.
-#[inline(always)]
-fn store_transposed(w: &[[u32; TILE]; TILE], tile: &mut [u32]) {
-    let tile = &mut tile[..TILE_WORDS];
-    for (y, row) in tile.chunks_exact_mut(TILE).enumerate() {
-        for (x, d) in row.iter_mut().enumerate() {
-            *d = w[x][y];
-        }
-    }
-}
-
-/// [`pack_tiles`] compiled for AVX-512 (every CPU with AMX has it).
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma")]
-unsafe fn pack_tiles_avx512(
-    x: MatRef<'_>,
-    kc: usize,
-    i0: usize,
-    tiles: &mut [u32],
-    a_layout: bool,
-) {
-    pack_tiles(x, kc, i0, tiles, a_layout)
-}
-
-/// Whether the packing loops may use AVX-512 (the same instructions' results: the packing
-/// only converts and moves values, so the bits do not depend on it).
-fn wide_packing() -> bool {
-    #[cfg(target_arch = "x86_64")]
-    {
-        fp_formats::cpu::has_avx512_bf16()
-            && std::is_x86_feature_detected!("avx512bw")
-            && std::is_x86_feature_detected!("avx512vl")
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    false
 }
 
 /// The scalar reference of the arithmetic for one output element (rows `a` and `b` of

@@ -9,6 +9,7 @@
 #[cfg(target_arch = "x86_64")]
 mod amx;
 pub mod bf16;
+pub(crate) mod pack;
 
 pub use crate::matrix::MatRef;
 

@@ -421,6 +421,39 @@ pub(super) fn fake_quantize(
     super::check_finite(x, st)
 }
 
+/// [`fake_quantize`] of a rowwise operand (validated, non-empty, no RHT) packed into GEMM
+/// tiles panel by panel ([`crate::gemm::pack::pack_panels`]): each panel's values are those
+/// [`fake_quantize`] writes for the same rows (the random bytes at the same flat indices).
+pub(super) fn fake_quantize_packed(
+    x: &[f32],
+    rows: usize,
+    cols: usize,
+    c: &MxCast,
+    a_layout: bool,
+    buf: &mut Vec<u32>,
+) -> PanelStats {
+    let pcols = cols.div_ceil(BLOCK) * BLOCK;
+    crate::gemm::pack::pack_panels(rows, cols, a_layout, buf, PanelStats::merge, |r0, dst| {
+        let n = dst.len() / cols;
+        panel::with_scratch(|s| {
+            let rb = c.sr.map(|key| {
+                let rb = panel::grow(&mut s.rbits, n * pcols);
+                crate::philox::fill_random_bytes(key, (r0 * pcols) as u64, rb);
+                &*rb
+            });
+            panel_dyn(
+                c,
+                &x[r0 * cols..(r0 + n) * cols],
+                rb,
+                cols,
+                dst,
+                &mut [],
+                false,
+            )
+        })
+    })
+}
+
 // ---------------------------------------------------------------------------------------
 // Columnwise operands in the source layout
 // ---------------------------------------------------------------------------------------

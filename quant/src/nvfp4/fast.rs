@@ -549,6 +549,32 @@ pub(super) fn fake_quantize(
     Ok(Some(g.s_dec))
 }
 
+/// The rowwise fused fake quantization of a validated, non-empty plan without Four Over Six
+/// or RHT, packed into GEMM tiles panel by panel ([`crate::gemm::pack::pack_panels`]; the
+/// panels start at multiples of 16 rows, as 16x16 tiles need). Returns `S_dec`.
+///
+/// # Errors
+/// Non-finite input, reported with its index by the amax pass.
+pub(super) fn fake_quantize_packed(
+    x: &[f32],
+    plan: &Plan,
+    a_layout: bool,
+    buf: &mut Vec<u32>,
+) -> Result<f32, QuantError> {
+    debug_assert!(plan.usage == Usage::Rowwise && plan.fos.is_none() && plan.mask.is_none());
+    let g = Scaling::new(global_amax(x, plan)?, None).g;
+    let cols = plan.cols;
+    crate::gemm::pack::pack_panels(
+        plan.rows,
+        cols,
+        a_layout,
+        buf,
+        |_, _| (),
+        |r0, dst| fake_panel_dispatch(dst, plan, &x[r0 * cols..][..dst.len()], &g, r0),
+    );
+    Ok(g.s_dec)
+}
+
 // ---------------------------------------------------------------------------------------
 // Columnwise operands in the source layout
 // ---------------------------------------------------------------------------------------

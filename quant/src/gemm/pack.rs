@@ -1,0 +1,293 @@
+//! Packing of GEMM operands into the tile layouts of [`super::bf16`]: f32 values rounded to
+//! BF16 (nearest even) and gathered along whichever axis of the view is contiguous, and
+//! [`pack_panels`], which packs the stored rows of a quantizer's output panel by panel as
+//! the quantizer produces them (no f32 copy of the whole operand).
+//!
+//! Packing only rounds and moves values: the bits of the packed tiles do not depend on the
+//! grouping, the thread count or the instruction set.
+
+use std::cell::Cell;
+
+use rayon::prelude::*;
+
+use super::bf16::{bf16_bits, CHUNK, TILE, TILE_WORDS};
+use super::MatRef;
+
+/// Two BF16 values as the 32-bit word that holds `lo` first in memory (element `2p` of a
+/// pair before `2p + 1`, whatever the byte order).
+#[inline(always)]
+fn pair(lo: u16, hi: u16) -> u32 {
+    if cfg!(target_endian = "little") {
+        lo as u32 | (hi as u32) << 16
+    } else {
+        hi as u32 | (lo as u32) << 16
+    }
+}
+
+/// Packs `A: [M, K]` into `row_tiles · kc` tiles of 16 rows x 32 BF16 (row-major, rows and
+/// K padded with zeros): tile `(i, t)` at word `(i · kc + t) · 256`, element `(r, k)` of it
+/// in word `r · 16 + k / 2`.
+pub(super) fn pack_a(a: MatRef<'_>, kc: usize, row_tiles: usize, buf: &mut Vec<u32>) {
+    let len = row_tiles * kc * TILE_WORDS;
+    if buf.len() < len {
+        buf.resize(len, 0);
+    }
+    let wide = wide_packing();
+    let group = group_size(len / (kc * TILE_WORDS));
+    buf[..len]
+        .par_chunks_mut(group * kc * TILE_WORDS)
+        .enumerate()
+        .for_each(|(g, tiles)| {
+            #[cfg(target_arch = "x86_64")]
+            if wide {
+                // SAFETY: `wide` says the CPU has AVX-512F/BW/VL.
+                unsafe { pack_tiles_avx512(a, kc, g * group, tiles, true) };
+                return;
+            }
+            pack_tiles(a, kc, g * group, tiles, true);
+        });
+}
+
+/// Packs `B: [N, K]` into `col_tiles · kc` tiles of 16 K-pairs x 16 columns x 2 BF16 (the
+/// pair-interleaved layout of the tile unit's second operand, zero-padded): element
+/// `(n, k)` of tile `(j, t)` (`n = 16j + nn`, `k = 32t + 2p + q`) in word
+/// `(j · kc + t) · 256 + p · 16 + nn`, half `q`.
+pub(super) fn pack_b(b: MatRef<'_>, kc: usize, col_tiles: usize, buf: &mut Vec<u32>) {
+    let len = col_tiles * kc * TILE_WORDS;
+    if buf.len() < len {
+        buf.resize(len, 0);
+    }
+    let wide = wide_packing();
+    let group = group_size(len / (kc * TILE_WORDS));
+    buf[..len]
+        .par_chunks_mut(group * kc * TILE_WORDS)
+        .enumerate()
+        .for_each(|(g, tiles)| {
+            #[cfg(target_arch = "x86_64")]
+            if wide {
+                // SAFETY: `wide` says the CPU has AVX-512F/BW/VL.
+                unsafe { pack_tiles_avx512(b, kc, g * group, tiles, false) };
+                return;
+            }
+            pack_tiles(b, kc, g * group, tiles, false);
+        });
+}
+
+/// 16-row blocks per packing task: about two tasks per thread, so that a transposed view's
+/// lines (one per K step) are read in runs of `16 · group` contiguous elements. Packing only
+/// moves values, so the bits do not depend on it.
+fn group_size(blocks: usize) -> usize {
+    blocks.div_ceil(2 * rayon::current_num_threads()).max(1)
+}
+
+/// Packs the tiles of the 16-row blocks `i0 ..` of `x: [rows, K]` that `tiles` holds (`kc`
+/// tiles per block): as A tiles (`words[r][p]`, see [`pack_a`]) when `a_layout`, as B tiles
+/// (`words[p][r]`, see [`pack_b`]) otherwise.
+#[inline(always)]
+fn pack_tiles(x: MatRef<'_>, kc: usize, i0: usize, tiles: &mut [u32], a_layout: bool) {
+    let blocks = tiles.len() / (kc * TILE_WORDS);
+    let mut w = [[0u32; TILE]; TILE];
+    // K outermost for a transposed view (each K step's line is then read across the group's
+    // blocks in one run); block by block otherwise.
+    if x.col_stride != 1 && x.row_stride == 1 {
+        for t in 0..kc {
+            for b in 0..blocks {
+                let tile = &mut tiles[(b * kc + t) * TILE_WORDS..][..TILE_WORDS];
+                pack_tile(x, i0 + b, t, tile, a_layout, &mut w);
+            }
+        }
+    } else {
+        for b in 0..blocks {
+            for t in 0..kc {
+                let tile = &mut tiles[(b * kc + t) * TILE_WORDS..][..TILE_WORDS];
+                pack_tile(x, i0 + b, t, tile, a_layout, &mut w);
+            }
+        }
+    }
+}
+
+/// Packs tile `(i, t)` of `x` (rows `16i ..`, K `32t ..`; zero-padded). The two layouts are
+/// transposes of each other in words, so both are made from one 16 x 16 block of pairs
+/// `w[r][p]`, gathered along whichever axis of the view is contiguous.
+#[inline(always)]
+fn pack_tile(
+    x: MatRef<'_>,
+    i: usize,
+    t: usize,
+    tile: &mut [u32],
+    a_layout: bool,
+    w: &mut [[u32; TILE]; TILE],
+) {
+    let rows_here = x.rows.saturating_sub(i * TILE).min(TILE);
+    if rows_here == 0 {
+        tile.fill(0); // a padding tile
+        return;
+    }
+    let (k0, kn) = (t * CHUNK, (x.cols - t * CHUNK).min(CHUNK));
+    // `by_rows`: w[r][p] for each row r (K contiguous in memory);
+    // otherwise w[p][r] for each pair p (rows contiguous): the transposed block.
+    let by_rows = x.col_stride == 1 || x.row_stride != 1;
+    if by_rows {
+        for (r, wr) in w.iter_mut().enumerate() {
+            wr.fill(0);
+            if r >= rows_here {
+                continue;
+            }
+            let base = (i * TILE + r) * x.row_stride + k0 * x.col_stride;
+            if x.col_stride == 1 {
+                let src = &x.data[base..][..kn];
+                let (pairs, rest) = src.split_at(kn & !1);
+                for (d, v) in wr.iter_mut().zip(pairs.chunks_exact(2)) {
+                    *d = pair(bf16_bits(v[0]), bf16_bits(v[1]));
+                }
+                if let Some(&v) = rest.first() {
+                    wr[kn / 2] = pair(bf16_bits(v), 0);
+                }
+            } else {
+                for kk in 0..kn {
+                    let h = bf16_bits(x.data[base + kk * x.col_stride]);
+                    let d = &mut wr[kk / 2];
+                    *d = if kk % 2 == 0 {
+                        pair(h, 0)
+                    } else {
+                        *d | pair(0, h)
+                    };
+                }
+            }
+        }
+    } else {
+        for (p, wp) in w.iter_mut().enumerate() {
+            wp.fill(0);
+            let line = |kk: usize| &x.data[(k0 + kk) * x.col_stride + i * TILE..][..rows_here];
+            if 2 * p + 1 < kn {
+                for ((d, &lo), &hi) in wp.iter_mut().zip(line(2 * p)).zip(line(2 * p + 1)) {
+                    *d = pair(bf16_bits(lo), bf16_bits(hi));
+                }
+            } else if 2 * p < kn {
+                for (d, &lo) in wp.iter_mut().zip(line(2 * p)) {
+                    *d = pair(bf16_bits(lo), 0);
+                }
+            }
+        }
+    }
+    if by_rows == a_layout {
+        tile.copy_from_slice(bytemuck::cast_slice(&w[..]));
+    } else {
+        store_transposed(w, tile);
+    }
+}
+
+/// `tile[y · 16 + x] = w[x][y]`: the 16 x 16 words transposed.
+#[inline(always)]
+fn store_transposed(w: &[[u32; TILE]; TILE], tile: &mut [u32]) {
+    let tile = &mut tile[..TILE_WORDS];
+    for (y, row) in tile.chunks_exact_mut(TILE).enumerate() {
+        for (x, d) in row.iter_mut().enumerate() {
+            *d = w[x][y];
+        }
+    }
+}
+
+/// [`pack_tiles`] compiled for AVX-512 (every CPU with AMX has it).
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma")]
+unsafe fn pack_tiles_avx512(
+    x: MatRef<'_>,
+    kc: usize,
+    i0: usize,
+    tiles: &mut [u32],
+    a_layout: bool,
+) {
+    pack_tiles(x, kc, i0, tiles, a_layout)
+}
+
+/// Whether the packing loops may use AVX-512 (the same instructions' results: the packing
+/// only converts and moves values, so the bits do not depend on it).
+fn wide_packing() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        fp_formats::cpu::has_avx512_bf16()
+            && std::is_x86_feature_detected!("avx512bw")
+            && std::is_x86_feature_detected!("avx512vl")
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    false
+}
+
+/// 16-row tiles of a packed operand of `rows` rows: whole 32-row blocks (the GEMM computes
+/// 2 x 2 tiles per call), the padding tile zero.
+pub(crate) fn packed_row_tiles(rows: usize) -> usize {
+    rows.div_ceil(2 * TILE) * 2
+}
+
+/// Elements of one quantized panel per packing task of [`pack_panels`] (256 KiB of f32
+/// scratch: it stays in the core's cache between the quantizer writing it and the packing
+/// reading it).
+const PANEL_ELEMS: usize = 1 << 16;
+
+thread_local! {
+    static PANEL: Cell<Vec<f32>> = const { Cell::new(Vec::new()) };
+}
+
+/// Packs an `[rows, k]` operand that `panel` produces in panels of stored rows: `panel(r0,
+/// dst)` must write all of `dst` (`n` whole rows of `k` values starting at stored row `r0`,
+/// `r0` a multiple of 16) and returns its statistics, which are merged with `merge`. Each
+/// panel goes into a per-thread scratch buffer and is packed from there at once into its
+/// tiles (the A layout of [`pack_a`] when `a_layout`, else the B layout of [`pack_b`]), so
+/// the operand's f32 values never exist as a whole: one pass over the source, in cache.
+/// `buf` receives [`packed_row_tiles`]`(rows) · ⌈k / 32⌉` tiles, the same words as packing
+/// the whole `[rows, k]` result with [`pack_a`] / [`pack_b`].
+pub(crate) fn pack_panels<S, P>(
+    rows: usize,
+    k: usize,
+    a_layout: bool,
+    buf: &mut Vec<u32>,
+    merge: fn(S, S) -> S,
+    panel: P,
+) -> S
+where
+    S: Send + Default,
+    P: Fn(usize, &mut [f32]) -> S + Sync,
+{
+    let kc = k.div_ceil(CHUNK);
+    let row_tiles = packed_row_tiles(rows);
+    let len = row_tiles * kc * TILE_WORDS;
+    if buf.len() < len {
+        buf.resize(len, 0);
+    }
+    if len == 0 {
+        return S::default();
+    }
+    let per_task = (PANEL_ELEMS / (TILE * k)).clamp(1, group_size(row_tiles));
+    let wide = wide_packing();
+    buf[..len]
+        .par_chunks_mut(per_task * kc * TILE_WORDS)
+        .enumerate()
+        .map(|(g, tiles)| {
+            let r0 = g * per_task * TILE;
+            let n = rows.saturating_sub(r0).min(per_task * TILE);
+            if n == 0 {
+                tiles.fill(0); // padding tiles only
+                return S::default();
+            }
+            // (A nested call on this thread would find the cell empty and allocate.)
+            let mut v = PANEL.with(Cell::take);
+            if v.len() < n * k {
+                v.resize(n * k, 0.0);
+            }
+            let s = panel(r0, &mut v[..n * k]);
+            let x = MatRef::row_major(&v[..n * k], n, k);
+            #[cfg(target_arch = "x86_64")]
+            if wide {
+                // SAFETY: `wide` says the CPU has AVX-512F/BW/VL.
+                unsafe { pack_tiles_avx512(x, kc, 0, tiles, a_layout) };
+                PANEL.with(|c| c.set(v));
+                return s;
+            }
+            let _ = wide;
+            pack_tiles(x, kc, 0, tiles, a_layout);
+            PANEL.with(|c| c.set(v));
+            s
+        })
+        .reduce(S::default, merge)
+}

@@ -1,0 +1,199 @@
+//! Rowwise quantized operands go into the BF16 GEMM quantized straight into its packed tiles
+//! (no f32 copy, where the tile unit runs): the product equals "fake-quantize the whole
+//! operand, then the BF16 GEMM, then α" bit for bit, for every format with that path, on
+//! either side of the GEMM, on shapes that span several quantize-and-pack panels with
+//! partial blocks, chunks and tiles, for 1 to 3 threads; the FP8 delayed-scaling state is
+//! updated as by the f32 path, and non-finite input is still a typed error.
+
+mod common;
+use common::*;
+
+use fp_formats::mx::{MxElement, ScaleRule};
+use quant::gemm::bf16::{quantized_gemm_tn, Bf16Workspace};
+use quant::gemm::MatRef;
+use quant::qgemm::{fake_operand, quantized_matmul_tn_prequantized, quantized_matmul_tn_with};
+use quant::qgemm::{GemmWorkspace, Operand};
+use quant::{
+    AmaxAlgo, BlockShape, Fp8Element, Fp8Scaling, OperandQuant, QuantError, QuantFormat,
+    QuantState, RngKey, RoundingMode, Usage,
+};
+
+fn data(n: usize, seed: u32) -> Vec<f32> {
+    (0..n)
+        .map(|i| {
+            let h = (i as u32 ^ seed.wrapping_mul(0x9E37_79B9)).wrapping_mul(2_654_435_761);
+            // a spread of magnitudes, so that blocks get different scales
+            let m = ((h >> 8) as f32 / (1u32 << 24) as f32 - 0.5) * 2.0;
+            m * [1.0, 1e-3, 30.0, 0.2][(i / 37) % 4]
+        })
+        .collect()
+}
+
+fn delayed(element: Fp8Element) -> OperandQuant {
+    OperandQuant {
+        format: QuantFormat::Fp8 {
+            element,
+            scaling: Fp8Scaling::Delayed {
+                history_len: 4,
+                margin: 0,
+                algo: AmaxAlgo::Max,
+            },
+        },
+        ..OperandQuant::F32
+    }
+}
+
+/// The formats whose rowwise operands take the packed path.
+fn formats() -> Vec<OperandQuant> {
+    let sr = RoundingMode::Stochastic;
+    let mut mxfp4 = OperandQuant::mx(MxElement::E2M1, ScaleRule::Floor).with_rounding(sr);
+    mxfp4.format = QuantFormat::Mx {
+        element: MxElement::E2M1,
+        rule: ScaleRule::Floor,
+        sr_prescale: true,
+    };
+    vec![
+        OperandQuant::nvfp4(),
+        OperandQuant::nvfp4().with_rounding(sr),
+        OperandQuant::nvfp4().with_block(BlockShape::Tile16),
+        OperandQuant::mx(MxElement::E4M3, ScaleRule::Rceil),
+        mxfp4,
+        OperandQuant::fp8_current(Fp8Element::E4M3),
+        OperandQuant::fp8_current(Fp8Element::E5M2).with_rounding(sr),
+        delayed(Fp8Element::E5M2),
+    ]
+}
+
+/// The product through the packed path (A and B rowwise, quantized in the call) against the
+/// whole-operand reference, for `threads` threads. Returns the output and the two states.
+fn run(
+    qa: &OperandQuant,
+    qb: &OperandQuant,
+    (m, n, k): (usize, usize, usize),
+    threads: usize,
+) -> (Vec<f32>, [QuantState; 2]) {
+    let (a, b) = (data(m * k, 1), data(n * k, 2));
+    let key = RngKey { seed: 5, stream: 9 };
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(threads)
+        .build()
+        .unwrap();
+    pool.install(|| {
+        // the reference: whole f32 fake-quantized operands, fresh states
+        let states = [QuantState::new(), QuantState::new()];
+        let [mut sa, mut sb] = states.clone();
+        let (mut fa, mut fb) = (vec![0.0f32; m * k], vec![0.0f32; n * k]);
+        let xa = quantizer(qa, Usage::Rowwise, key).unwrap();
+        let xb = quantizer(qb, Usage::Rowwise, key).unwrap();
+        let ma = MatRef::new(&a, m, k).unwrap();
+        let mb = MatRef::new(&b, n, k).unwrap();
+        let alpha = xa.fake_quantize_into(ma, &mut sa, &mut fa).unwrap()
+            * xb.fake_quantize_into(mb, &mut sb, &mut fb).unwrap();
+        let mut want = vec![0.0f32; m * n];
+        let (va, vb) = (MatRef::row_major(&fa, m, k), MatRef::row_major(&fb, n, k));
+        quantized_gemm_tn(va, vb, &mut want, &mut Bf16Workspace::new());
+        if alpha != 1.0 {
+            want.iter_mut().for_each(|v| *v *= alpha);
+        }
+        let [mut ga, mut gb] = states;
+        let mut got = vec![f32::NAN; m * n];
+        quantized_matmul_tn_with(
+            Operand::new(ma, xa).with_state(&mut ga),
+            Operand::new(mb, xb).with_state(&mut gb),
+            &mut got,
+            &mut GemmWorkspace::new(),
+        )
+        .unwrap();
+        let same = got
+            .iter()
+            .zip(&want)
+            .all(|(x, y)| x.to_bits() == y.to_bits());
+        assert!(same, "{qa:?} x {qb:?}, [{m}, {n}, {k}], {threads} threads");
+        assert_eq!(
+            (ga.amax_history(), ga.scale()),
+            (sa.amax_history(), sa.scale())
+        );
+        assert_eq!(
+            (gb.amax_history(), gb.scale()),
+            (sb.amax_history(), sb.scale())
+        );
+        // B prequantized (the linear layer's kept W), A packed in the call
+        let mut wbuf = vec![0.0f32; n * k];
+        let mut sb2 = sb.clone();
+        let wf = fake_operand(Operand::new(mb, xb).with_state(&mut sb2), &mut wbuf).unwrap();
+        let mut sa2 = sa.clone();
+        let mut got2 = vec![f32::NAN; m * n];
+        quantized_matmul_tn_prequantized(Operand::new(ma, xa).with_state(&mut sa2), wf, &mut got2)
+            .unwrap();
+        let same = got2
+            .iter()
+            .zip(&want)
+            .all(|(x, y)| x.to_bits() == y.to_bits());
+        assert!(
+            same,
+            "{qa:?} x prequantized {qb:?}, [{m}, {n}, {k}], {threads} threads"
+        );
+        (got, [ga, gb])
+    })
+}
+
+#[test]
+fn packed_operands_equal_the_whole_operand_path() {
+    // K = 1000: 62.5 NVFP4 blocks, 31.25 chunks; M = 300, N = 70: partial tiles and blocks;
+    // about 64 rows per quantize-and-pack panel at this K, so several panels per operand.
+    let dims = (300, 70, 1000);
+    let fs = formats();
+    for (i, qa) in fs.iter().enumerate() {
+        let qb = &fs[(i + 3) % fs.len()];
+        let (first, states) = run(qa, qb, dims, 1);
+        for threads in [2, 3] {
+            let (other, st) = run(qa, qb, dims, threads);
+            assert!(first
+                .iter()
+                .zip(&other)
+                .all(|(x, y)| x.to_bits() == y.to_bits()));
+            assert_eq!(states[0].scale(), st[0].scale());
+        }
+    }
+    // small and odd shapes: one panel, fewer rows than a tile, K below a block
+    for dims in [(1, 1, 1), (5, 33, 17), (17, 16, 32), (64, 48, 128)] {
+        for qa in &fs {
+            run(qa, &fs[0], dims, 2);
+        }
+    }
+}
+
+#[test]
+fn packed_path_reports_non_finite_input() {
+    let (m, n, k) = (40, 16, 64);
+    let mut a = data(m * k, 3);
+    a[17 * k + 5] = f32::NAN;
+    let b = data(n * k, 4);
+    let key = RngKey { seed: 1, stream: 2 };
+    for q in [
+        OperandQuant::nvfp4(),
+        OperandQuant::mx(MxElement::E4M3, ScaleRule::Rceil),
+    ] {
+        let xa = quantizer(&q, Usage::Rowwise, key).unwrap();
+        let xb = quantizer(&q, Usage::Rowwise, key).unwrap();
+        let mut out = vec![0.0f32; m * n];
+        let r = quantized_matmul_tn_with(
+            Operand::new(MatRef::new(&a, m, k).unwrap(), xa),
+            Operand::new(MatRef::new(&b, n, k).unwrap(), xb),
+            &mut out,
+            &mut GemmWorkspace::new(),
+        );
+        let mut f = vec![0.0f32; m * k];
+        let want = xa.fake_quantize_into(
+            MatRef::new(&a, m, k).unwrap(),
+            &mut QuantState::new(),
+            &mut f,
+        );
+        match (r, want) {
+            (Err(QuantError::Format(e)), Err(QuantError::Format(w))) => {
+                assert_eq!(e.to_string(), w.to_string())
+            }
+            (r, w) => panic!("{q:?}: {r:?} vs {w:?}"),
+        }
+    }
+}
