@@ -898,6 +898,7 @@ impl<'s> Graph<'s> {
             },
             node_grads: &mut self.dev_grads,
             param_grads: &mut d.grads,
+            states: &mut store.states,
         };
         let seed = be.upload(grad)?;
         ctx.accumulate(t, &seed)?;

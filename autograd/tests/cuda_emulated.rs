@@ -82,6 +82,13 @@ fn tiny_model_graph_step_on_device_matches_cpu() {
 }
 
 #[test]
+fn quantized_linear_matches_cpu_layer() {
+    if let Some(d) = emu_device("quantized_linear_matches_cpu_layer") {
+        k::quant_linear::quantized_linear_matches_cpu_layer(&d);
+    }
+}
+
+#[test]
 fn layout_ops_are_bit_exact() {
     if let Some(d) = emu_device("layout_ops_are_bit_exact") {
         k::layout_ops_are_bit_exact(&d);

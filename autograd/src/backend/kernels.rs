@@ -54,6 +54,27 @@ impl<L: Launcher> KernelBackend<L> {
     pub fn with_launcher(dev: L, name: &'static str) -> Self {
         KernelBackend { dev, name }
     }
+
+    /// A quantized GEMM operand: the row-major `[rows, cols]` tensor `x` quantized by `q`
+    /// (NVFP4, MX or FP8, with its usage, key and `state`) and dequantized without the
+    /// per-tensor factor into `out` in the copy's stored layout (columnwise: `[cols, rows]`);
+    /// returns the factor. The values and factor of quant's `fake_quantize_into`, bit for bit
+    /// (`kernels_cuda::train_quant`).
+    ///
+    /// # Errors
+    /// Lengths that do not match, formats the GPU quantizers do not run, NaN / ±Inf input to
+    /// NVFP4 / MX, allocation failures.
+    pub fn fake_quantize(
+        &self,
+        q: &quant::Quantizer,
+        x: &L::Buf<f32>,
+        dims: (usize, usize),
+        state: &mut quant::QuantState,
+        out: &mut L::Buf<f32>,
+    ) -> Result<f32> {
+        use kernels_cuda::train_quant::QuantOps;
+        Ok(self.dev.fake_quantize(q, x, dims, state, out)?)
+    }
 }
 
 fn act(k: Act) -> Activation {

@@ -1,67 +1,167 @@
-//! Device arm of the linear layer: FP32 and BF16 operands on the device's f32 GEMM (a BF16
-//! operand is rounded first, so its products are exact and only the f32 accumulation order
-//! differs from the CPU's BF16 GEMM). Operands quantized below BF16 (FP8, MXFP8, NVFP4) have
-//! no device path yet.
+//! Device arm of the linear layer. Each of the six GEMM operands is formed as the CPU layer
+//! forms it (`ops/linear.rs`): FP32 as is; BF16 rounded by the `round_bf16` kernel; FP8
+//! (per-tensor, current or delayed scaling with the layer's `QuantState`), MXFP8 / MXFP4 and
+//! NVFP4 (1x16 or 16x16 scales, RNE or stochastic rounding, the Hadamard transform on the
+//! Wgrad operands) by `kernels-cuda`'s quantizer kernels under the same Philox keys
+//! (`gemm_stream(layer, role, step)`), dequantized exactly without the per-tensor factor: the
+//! values and factors of quant's `fake_quantize_into`, bit for bit. The GEMM is the device's
+//! f32 GEMM with the two factors as its `alpha`; every product is exact (BF16-exact values), so
+//! only the accumulation order differs from the CPU's BF16 / f32 GEMM.
+//!
+//! Where the CPU quantizes W once and uses its transpose for Dgrad (a transpose-exact
+//! quantizer), the device quantizes the columnwise copy: the same bits (quant's
+//! `transpose_exact`).
 
-use quant::{GemmPolicy, OperandQuant};
+use quant::{GemmPolicy, OperandQuant, QuantFormat, QuantState, Quantizer, Usage};
 
 use super::{dev_backward, no_kernel, DBuf};
 use crate::backend::{Backend, DeviceBackend};
+use crate::quant_state::{key, st2, LinearQuantState, OperandRole};
 use crate::{Graph, Result, Shape, Tensor};
 
-/// Whether an operand is rounded to BF16 (`true`) or used as is; an error for formats below
-/// BF16.
-fn rounds(q: &OperandQuant) -> Result<bool> {
-    if q.is_identity() {
-        Ok(false)
-    } else if *q == OperandQuant::BF16 {
-        Ok(true)
-    } else {
-        no_kernel("linear (operands quantized below BF16)")
+/// How an operand is formed.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Form {
+    /// The tensor itself (FP32).
+    AsIs,
+    /// Rounded to BF16 (nearest even).
+    Bf16,
+    /// Quantized and dequantized by the quantizer kernels (NVFP4, MX, FP8).
+    Quantized,
+}
+
+impl Form {
+    fn of(q: &OperandQuant) -> Result<Form> {
+        if q.is_identity() {
+            Ok(Form::AsIs)
+        } else if *q == OperandQuant::BF16 {
+            Ok(Form::Bf16)
+        } else if matches!(
+            q.format,
+            QuantFormat::Nvfp4 { .. } | QuantFormat::Mx { .. } | QuantFormat::Fp8 { .. }
+        ) {
+            Ok(Form::Quantized)
+        } else {
+            no_kernel("linear (BF16 operands with stochastic rounding)")
+        }
     }
 }
 
-/// `x` as the operand: a BF16-rounded copy, or `x` itself.
-fn operand<'a>(
-    be: &DeviceBackend,
-    x: &'a DBuf,
-    round: bool,
-    keep: &'a mut Option<DBuf>,
-) -> Result<&'a DBuf> {
-    if !round {
-        return Ok(x);
-    }
-    let mut r = be.zeros(be.len(x))?;
-    be.round_bf16(x, &mut r)?;
-    Ok(keep.insert(r))
-}
-
-/// The policy's six operands: rounded to BF16 or not.
+/// One operand slot of the layer: its setting, usage and role.
 #[derive(Clone, Copy)]
-struct Rounding {
-    fx: bool,
-    fw: bool,
-    dy: bool,
-    dw: bool,
-    wdy: bool,
-    wx: bool,
+struct Slot {
+    q: OperandQuant,
+    form: Form,
+    usage: Usage,
+    role: OperandRole,
 }
 
-impl Rounding {
-    fn of(p: &GemmPolicy) -> Result<Rounding> {
-        Ok(Rounding {
-            fx: rounds(&p.fprop.a)?,
-            fw: rounds(&p.fprop.b)?,
-            dy: rounds(&p.dgrad.a)?,
-            dw: rounds(&p.dgrad.b)?,
-            wdy: rounds(&p.wgrad.a)?,
-            wx: rounds(&p.wgrad.b)?,
+/// The six slots of a policy.
+#[derive(Clone, Copy)]
+struct Slots {
+    fx: Slot,
+    fw: Slot,
+    dy: Slot,
+    dw: Slot,
+    wdy: Slot,
+    wx: Slot,
+}
+
+impl Slots {
+    fn of(p: &GemmPolicy) -> Result<Slots> {
+        let s = |q: OperandQuant, usage, role| -> Result<Slot> {
+            Ok(Slot {
+                q,
+                form: Form::of(&q)?,
+                usage,
+                role,
+            })
+        };
+        let (r, c) = (Usage::Rowwise, Usage::Columnwise);
+        Ok(Slots {
+            fx: s(p.fprop.a, r, OperandRole::FpropX)?,
+            fw: s(p.fprop.b, r, OperandRole::FpropW)?,
+            dy: s(p.dgrad.a, r, OperandRole::DgradDy)?,
+            dw: s(p.dgrad.b, c, OperandRole::DgradW)?,
+            wdy: s(p.wgrad.a, c, OperandRole::WgradDy)?,
+            wx: s(p.wgrad.b, c, OperandRole::WgradX)?,
         })
     }
 }
 
+/// A formed operand: its buffer, whether that buffer is `[outer, K]` (the GEMM's TN layout:
+/// a quantized copy, or a rowwise tensor) rather than `[K, outer]`, and its factor.
+struct Operand<'a> {
+    buf: &'a DBuf,
+    tn: bool,
+    factor: f32,
+}
+
+/// Where one layer's operands get their random keys.
+#[derive(Clone, Copy)]
+struct Keys {
+    seed: u64,
+    step: u64,
+    stream: u64,
+}
+
+/// Forms the operand of `slot` from `x` (row-major `[rows, cols]`, the tensor before any
+/// transposition); `keep` holds a new buffer.
+fn form<'a>(
+    be: &DeviceBackend,
+    x: &'a DBuf,
+    dims: (usize, usize),
+    slot: Slot,
+    keys: Keys,
+    state: &mut QuantState,
+    keep: &'a mut Option<DBuf>,
+) -> Result<Operand<'a>> {
+    let rowwise = slot.usage == Usage::Rowwise;
+    match slot.form {
+        Form::AsIs => Ok(Operand {
+            buf: x,
+            tn: rowwise,
+            factor: 1.0,
+        }),
+        Form::Bf16 => {
+            let mut r = be.zeros(be.len(x))?;
+            be.round_bf16(x, &mut r)?;
+            Ok(Operand {
+                buf: keep.insert(r),
+                tn: rowwise,
+                factor: 1.0,
+            })
+        }
+        Form::Quantized => {
+            let k = key(keys.seed, keys.stream, slot.role, keys.step)?;
+            let qz = Quantizer::new(slot.q, slot.usage)?.with_key(k);
+            let mut r = be.zeros(be.len(x))?;
+            let factor = be.fake_quantize(&qz, x, dims, state, &mut r)?;
+            Ok(Operand {
+                buf: keep.insert(r),
+                tn: true,
+                factor,
+            })
+        }
+    }
+}
+
+/// `c (+)= op(A) · op(B)ᵀ · (f_A · f_B)` for the TN GEMM `c[m, n] = A[m, K] · B[n, K]ᵀ`.
+#[allow(clippy::too_many_arguments)]
+fn tn_gemm(
+    be: &DeviceBackend,
+    (m, n, k): (usize, usize, usize),
+    a: &Operand<'_>,
+    b: &Operand<'_>,
+    beta: f32,
+    c: &mut DBuf,
+) -> Result<()> {
+    let alpha = a.factor * b.factor;
+    Ok(be.gemm(m, n, k, alpha, a.buf, !a.tn, b.buf, b.tn, beta, c)?)
+}
+
 impl Graph<'_> {
-    /// `y = x Wᵀ (+ b)` for `x: [m, n_in]`, `w: [n_out, n_in]` (shapes already checked).
+    /// `y = x Wᵀ (+ b)` for `x: [m, n_in]`, `w: [n_out, n_in]` (shapes and stream checked).
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn dev_linear(
         &mut self,
@@ -69,48 +169,82 @@ impl Graph<'_> {
         w: Tensor,
         bias: Option<Tensor>,
         policy: &GemmPolicy,
+        stream: u64,
         (m, n_out, n_in): (usize, usize, usize),
         out_shape: Shape,
     ) -> Result<Tensor> {
-        let r = Rounding::of(policy)?;
+        let s = Slots::of(policy)?;
+        let keys = Keys {
+            seed: self.seed,
+            step: self.step,
+            stream,
+        };
         let be = self.be()?;
         let inputs: Vec<Tensor> = [Some(x), Some(w), bias].into_iter().flatten().collect();
         let rg = self.needs_grad(&inputs);
-        let v = self.values();
+        let wp = self.param_index(w);
+        let grad_on = self.grad_enabled();
+        let (v, states, _) = self.parts();
+        // the layer's state as the CPU layer picks it: the store's while training (it records
+        // the policy, for checkpoints and `end_quant_step`), a copy in evaluation
+        let mut scratch;
+        let state: &mut LinearQuantState = match wp {
+            Some(p) if grad_on => states[p].get_or_insert_with(Default::default),
+            Some(p) => {
+                scratch = states[p].as_deref().cloned().unwrap_or_default();
+                &mut scratch
+            }
+            None => {
+                scratch = LinearQuantState::default();
+                &mut scratch
+            }
+        };
+        state.policy = Some(*policy);
+        let (sa, sb) = st2(state, OperandRole::FpropX, OperandRole::FpropW);
         let (mut kx, mut kw) = (None, None);
-        let xa = operand(&be, v.dev(x)?, r.fx, &mut kx)?;
-        let wb = operand(&be, v.dev(w)?, r.fw, &mut kw)?;
+        let xa = form(&be, v.dev(x)?, (m, n_in), s.fx, keys, sa, &mut kx)?;
+        let wb = form(&be, v.dev(w)?, (n_out, n_in), s.fw, keys, sb, &mut kw)?;
         let mut y = be.zeros(m * n_out)?;
-        be.gemm(m, n_out, n_in, 1.0, xa, false, wb, true, 0.0, &mut y)?;
+        tn_gemm(&be, (m, n_out, n_in), &xa, &wb, 0.0, &mut y)?;
         if let Some(b) = bias {
             let mut yb = be.zeros(m * n_out)?;
             be.add(&y, v.dev(b)?, &mut yb)?;
             y = yb;
         }
-        // the layer's state records the policy it ran with, as on the CPU (checkpoints)
-        if let (Some(p), true) = (self.param_index(w), self.grad_enabled()) {
-            let (_, states, _) = self.parts();
-            states[p].get_or_insert_with(Default::default).policy = Some(*policy);
-        }
         let bw = rg.then(|| {
             dev_backward(move |ctx, dy| {
                 let be = ctx.be;
-                if let Some(mut g) = ctx.take(x)? {
-                    let (mut k1, mut k2) = (None, None);
-                    let dya = operand(be, dy, r.dy, &mut k1)?;
-                    let wa = operand(be, ctx.val(w)?, r.dw, &mut k2)?;
-                    let beta = g.beta();
-                    be.gemm(m, n_in, n_out, 1.0, dya, false, wa, false, beta, &mut g.buf)?;
-                    ctx.put(x, g)?;
+                let mut local = LinearQuantState::default();
+                let state: &mut LinearQuantState = match wp {
+                    Some(p) => ctx.states[p].get_or_insert_with(Default::default),
+                    None => &mut local,
+                };
+                let mut st = std::mem::take(state);
+                let r = (|| -> Result<()> {
+                    if let Some(mut g) = ctx.take(x)? {
+                        let (sa, sb) = st2(&mut st, OperandRole::DgradDy, OperandRole::DgradW);
+                        let (mut k1, mut k2) = (None, None);
+                        let dya = form(be, dy, (m, n_out), s.dy, keys, sa, &mut k1)?;
+                        let wc = form(be, ctx.val(w)?, (n_out, n_in), s.dw, keys, sb, &mut k2)?;
+                        let beta = g.beta();
+                        tn_gemm(be, (m, n_in, n_out), &dya, &wc, beta, &mut g.buf)?;
+                        ctx.put(x, g)?;
+                    }
+                    if let Some(mut g) = ctx.take(w)? {
+                        let (sa, sb) = st2(&mut st, OperandRole::WgradDy, OperandRole::WgradX);
+                        let (mut k1, mut k2) = (None, None);
+                        let dyc = form(be, dy, (m, n_out), s.wdy, keys, sa, &mut k1)?;
+                        let xc = form(be, ctx.val(x)?, (m, n_in), s.wx, keys, sb, &mut k2)?;
+                        let beta = g.beta();
+                        tn_gemm(be, (n_out, n_in, m), &dyc, &xc, beta, &mut g.buf)?;
+                        ctx.put(w, g)?;
+                    }
+                    Ok(())
+                })();
+                if let Some(p) = wp {
+                    ctx.states[p] = Some(Box::new(st));
                 }
-                if let Some(mut g) = ctx.take(w)? {
-                    let (mut k1, mut k2) = (None, None);
-                    let dya = operand(be, dy, r.wdy, &mut k1)?;
-                    let xa = operand(be, ctx.val(x)?, r.wx, &mut k2)?;
-                    let beta = g.beta();
-                    be.gemm(n_out, n_in, m, 1.0, dya, true, xa, false, beta, &mut g.buf)?;
-                    ctx.put(w, g)?;
-                }
+                r?;
                 if let Some(b) = bias {
                     if let Some(mut g) = ctx.take(b)? {
                         be.sum_rows(dy, n_out, g.out())?;

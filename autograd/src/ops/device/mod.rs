@@ -55,6 +55,8 @@ pub(crate) struct DevCtx<'a> {
     pub(crate) vals: Values<'a>,
     pub(crate) node_grads: &'a mut [Option<DBuf>],
     pub(crate) param_grads: &'a mut [Option<DBuf>],
+    /// The linear layers' quantizer states (FP8 delayed scaling), as the CPU closures see them.
+    pub(crate) states: &'a mut [Option<Box<crate::quant_state::LinearQuantState>>],
 }
 
 impl DevCtx<'_> {
