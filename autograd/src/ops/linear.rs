@@ -94,7 +94,7 @@ impl Graph<'_> {
         let m = sx.rows();
         let out_shape = sx.with_last(n_out)?;
         if self.dev.is_some() {
-            return self.dev_linear(x, w, bias, policy, (m, n_out, n_in), out_shape);
+            return self.dev_linear(x, w, bias, policy, stream, (m, n_out, n_in), out_shape);
         }
         let inputs: Vec<Tensor> = [Some(x), Some(w), bias].into_iter().flatten().collect();
         let rg = self.needs_grad(&inputs);
