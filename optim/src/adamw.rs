@@ -1,5 +1,7 @@
 //! AdamW with decoupled weight decay and bias correction, on FP32 master weights.
 
+mod device;
+
 use rayon::prelude::*;
 
 use crate::error::{OptimError, StateError};
