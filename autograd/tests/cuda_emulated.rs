@@ -89,6 +89,13 @@ fn quantized_linear_matches_cpu_layer() {
 }
 
 #[test]
+fn device_optimizer_step_matches_optim() {
+    if let Some(d) = emu_device("device_optimizer_step_matches_optim") {
+        k::optimizer::device_optimizer_step_matches_optim(&d);
+    }
+}
+
+#[test]
 fn layout_ops_are_bit_exact() {
     if let Some(d) = emu_device("layout_ops_are_bit_exact") {
         k::layout_ops_are_bit_exact(&d);

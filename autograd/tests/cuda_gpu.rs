@@ -70,6 +70,9 @@ on_gpu!(tiny_model_graph_step_on_device_matches_cpu, |_| {
 on_gpu!(device_graph_boundary, |_| k::device_graph_boundary(
     &device()
 ));
+on_gpu!(device_optimizer_step_matches_optim, |_| {
+    k::optimizer::device_optimizer_step_matches_optim(&device())
+});
 on_gpu!(quantized_linear_matches_cpu_layer, |_| {
     k::quant_linear::quantized_linear_matches_cpu_layer(&device())
 });

@@ -29,12 +29,15 @@ mod cpu;
 mod device;
 mod error;
 mod kernels;
+mod optimizer;
 
+pub use crate::ops::device::linear_blocker;
 pub use cpu::CpuBackend;
 pub use device::{DeviceBackend, DeviceBuf, DeviceLauncher};
 pub use error::BackendError;
 pub use kernels::{CudaBackend, KernelBackend};
 pub use kernels_cuda::train::AdamWCoeffs;
+pub use optimizer::DeviceMoments;
 
 /// `Result` with [`BackendError`].
 pub type Result<T, E = BackendError> = std::result::Result<T, E>;

@@ -4,6 +4,7 @@
 //! CPU's order of operations, otherwise within a bound derived in the check.
 #![allow(dead_code)]
 
+pub mod optimizer;
 pub mod quant_linear;
 
 use std::sync::Arc;

@@ -32,19 +32,43 @@ enum Form {
 
 impl Form {
     fn of(q: &OperandQuant) -> Result<Form> {
-        if q.is_identity() {
-            Ok(Form::AsIs)
-        } else if *q == OperandQuant::BF16 {
-            Ok(Form::Bf16)
-        } else if matches!(
-            q.format,
-            QuantFormat::Nvfp4 { .. } | QuantFormat::Mx { .. } | QuantFormat::Fp8 { .. }
-        ) {
-            Ok(Form::Quantized)
-        } else {
-            no_kernel("linear (BF16 operands with stochastic rounding)")
+        match operand_form(q) {
+            Ok(f) => Ok(f),
+            Err(op) => no_kernel(op),
         }
     }
+}
+
+/// How the device forms an operand of setting `q`, or the `NoDeviceKernel` op name.
+fn operand_form(q: &OperandQuant) -> std::result::Result<Form, &'static str> {
+    use fp_formats::mx::MxElement;
+    match q.format {
+        QuantFormat::F32 => Ok(Form::AsIs),
+        QuantFormat::Bf16 if *q == OperandQuant::BF16 => Ok(Form::Bf16),
+        QuantFormat::Bf16 => Err("linear (BF16 operands with stochastic rounding)"),
+        QuantFormat::Nvfp4 {
+            four_over_six: Some(_),
+        } => Err("linear (NVFP4 Four Over Six)"),
+        QuantFormat::Mx {
+            element: MxElement::E2M3 | MxElement::E3M2,
+            ..
+        } => Err("linear (MXFP6 operands)"),
+        QuantFormat::Nvfp4 { .. } | QuantFormat::Mx { .. } | QuantFormat::Fp8 { .. } => {
+            Ok(Form::Quantized)
+        }
+    }
+}
+
+/// Why the device linear cannot run `policy` (the [`Error::NoDeviceKernel`](crate::Error)
+/// op name it would report), or `None` when it runs all six operands: FP32, BF16
+/// (nearest-even), per-tensor FP8, MXFP8 / MXFP4 and NVFP4 (without Four Over Six).
+///
+/// ```
+/// use quant::GemmPolicy;
+/// assert_eq!(autograd::backend::linear_blocker(&GemmPolicy::nvfp4_paper()), None);
+/// ```
+pub fn linear_blocker(policy: &GemmPolicy) -> Option<&'static str> {
+    policy.operands().iter().find_map(|q| operand_form(q).err())
 }
 
 /// One operand slot of the layer: its setting, usage and role.

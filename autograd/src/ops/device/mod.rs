@@ -6,6 +6,8 @@
 
 mod elementwise;
 mod gemm;
+
+pub use gemm::linear_blocker;
 mod nn;
 
 use crate::backend::{Backend, DeviceBackend, DeviceBuf};
