@@ -344,9 +344,11 @@ enum Sink<'a> {
     Codes(&'a mut [u8]),
     /// The FP8 value per element.
     Values(&'a mut [f32]),
-    /// The FP8 values of a rowwise operand packed into BF16 GEMM tiles (A layout when
-    /// true, see [`crate::gemm::pack::pack_panels`]).
-    Packed(bool, &'a mut Vec<u32>),
+    /// The FP8 values of a rowwise cast packed into BF16 GEMM tiles (A layout when the
+    /// first flag is true): as the `[rows, cols]` operand ([`crate::gemm::pack::pack_panels`]),
+    /// or, when the second flag is true, as its transpose, chunk-major
+    /// ([`crate::gemm::pack::pack_panels_chunk_major`]).
+    Packed(bool, bool, &'a mut Vec<u32>),
 }
 
 /// What one cast of a tensor used and found.
@@ -445,17 +447,23 @@ fn cast_tensor(
                 })
             })
             .reduce(zero, fast::CastStats::merge),
-        Sink::Packed(a_layout, buf) => {
+        Sink::Packed(a_layout, transposed, buf) => {
             debug_assert_eq!(usage, Usage::Rowwise);
             let merge = fast::CastStats::merge;
-            crate::gemm::pack::pack_panels(srows, scols, a_layout, buf, merge, |r0, dst| {
+            let panel = |r0: usize, dst: &mut [f32]| {
                 let n = dst.len() / scols;
                 with_scratch(|s| {
                     let rb = random_bytes(c.sr, &mut s.rbits, r0 * scols, n * scols);
                     let src = &x[r0 * scols..(r0 + n) * scols];
                     fast::cast_panel(element, src, scale, rb, dst, amax, portable)
                 })
-            })
+            };
+            if transposed {
+                let pack = crate::gemm::pack::pack_panels_chunk_major;
+                pack(scols, srows, a_layout, buf, merge, panel)
+            } else {
+                crate::gemm::pack::pack_panels(srows, scols, a_layout, buf, merge, panel)
+            }
         }
         Sink::Codes(o) => o
             .par_chunks_mut(p * scols)
@@ -589,11 +597,12 @@ fn fake_impl(
     Ok((1.0 / o.scale, o.clipped))
 }
 
-/// The rowwise [`fake_quantize_into`] packed straight into the BF16 GEMM's tiles
-/// (`a_layout`: as its A operand, else as B; see [`crate::gemm::pack::pack_panels`]): the
-/// same values and the same state update, with no f32 copy of the operand. Returns the
-/// per-tensor factor `1 / scale`, or `None` for a columnwise quantizer or an empty tensor
-/// (the caller quantizes those the usual way).
+/// [`fake_quantize_into`] packed straight into the BF16 GEMM's tiles (`a_layout`: as its A
+/// operand, else as B): the same values and the same state update, with no f32 copy of the
+/// operand. A columnwise operand with nearest rounding is the rowwise cast transposed (one
+/// scale per tensor), packed chunk-major. Returns `(1 / scale, chunk_major)`, or `None` for
+/// columnwise stochastic rounding (its random bits follow the stored layout) or an empty
+/// tensor, which the caller quantizes the usual way.
 ///
 /// # Errors
 /// As [`fake_quantize_into`].
@@ -603,12 +612,21 @@ pub(crate) fn fake_quantize_packed(
     state: &mut QuantState,
     a_layout: bool,
     buf: &mut Vec<u32>,
-) -> Result<Option<f32>, QuantError> {
-    if qz.usage() != Usage::Rowwise || x.rows == 0 || x.cols == 0 {
+) -> Result<Option<(f32, bool)>, QuantError> {
+    let columnwise = qz.usage() == Usage::Columnwise;
+    let sr = qz.spec().rounding == RoundingMode::Stochastic;
+    if (columnwise && sr) || x.rows == 0 || x.cols == 0 {
         return Ok(None);
     }
-    let o = cast(qz, x, state, Sink::Packed(a_layout, buf), false)?;
-    Ok(Some(1.0 / o.scale))
+    let rowwise = qz.as_rowwise();
+    let o = cast(
+        &rowwise,
+        x,
+        state,
+        Sink::Packed(a_layout, columnwise, buf),
+        false,
+    )?;
+    Ok(Some((1.0 / o.scale, columnwise)))
 }
 
 /// Dequantizes an FP8 tensor: `fp8(code) · tensor_scale_inv`, stored layout.

@@ -368,30 +368,37 @@ fn source_layout_impl(
     )))
 }
 
-/// The rowwise [`fake_quantize_into`] of `x` packed straight into the BF16 GEMM's tiles
-/// (`a_layout`: as its A operand, else as B; see [`crate::gemm::pack::pack_panels`]): the
-/// same values panel by panel, packed while in cache, with no f32 copy of the operand.
-/// Returns the per-tensor factor, or `None` for what this path does not cover (RHT, an
-/// empty tensor), which the caller quantizes the usual way.
+/// [`fake_quantize_into`] of `x` packed straight into the BF16 GEMM's tiles (`a_layout`: as
+/// its A operand, else as B): the same values panel by panel, packed while in cache, with no
+/// f32 copy of the operand. Rowwise operands are packed block-major
+/// ([`crate::gemm::pack::pack_panels`]); columnwise ones without RHT are quantized in the
+/// source layout (as [`fake_quantize_columnwise_source_layout`]) and packed chunk-major
+/// ([`crate::gemm::pack::pack_panels_chunk_major`]). Returns `(factor, chunk_major)`, or
+/// `None` for what this path does not cover (columnwise RHT, an empty tensor), which the
+/// caller quantizes the usual way.
 ///
 /// # Errors
-/// As [`fake_quantize_into`] with [`Usage::Rowwise`].
+/// As [`fake_quantize_into`].
 pub(crate) fn fake_quantize_packed(
     x: &[f32],
-    (rows, cols): (usize, usize),
+    (rows, cols, usage): (usize, usize, Usage),
     q: &OperandQuant,
     key: RngKey,
     a_layout: bool,
     buf: &mut Vec<u32>,
-) -> Result<Option<f32>, QuantError> {
-    let c = settings(q, Usage::Rowwise, key)?;
+) -> Result<Option<(f32, bool)>, QuantError> {
+    let c = settings(q, usage, key)?;
     panel::check_len(x, rows, cols)?;
     if rows == 0 || cols == 0 || c.rht != Rht::Off {
         return Ok(None);
     }
-    let st = fast::fake_quantize_packed(x, rows, cols, &c, a_layout, buf);
+    let columnwise = usage == Usage::Columnwise;
+    let st = fast::fake_quantize_packed(x, (rows, cols, columnwise), &c, a_layout, buf);
     check_finite(x, st)?;
-    Ok(Some(if c.prescale { PRESCALE_INV } else { 1.0 }))
+    Ok(Some((
+        if c.prescale { PRESCALE_INV } else { 1.0 },
+        columnwise,
+    )))
 }
 
 /// `out[i] = element(codes[i]) · scale(i / 32) · f` for one stored row (unpacked codes;

@@ -891,27 +891,36 @@ pub(crate) fn fake_quantize_into(
     fake_quantize_reference(x, &plan, out)
 }
 
-/// The rowwise [`fake_quantize_into`] of `x` packed straight into the BF16 GEMM's tiles
-/// (`a_layout`: as its A operand, else as B; see [`crate::gemm::pack::pack_panels`]): the
-/// same values panel by panel, packed while in cache, with no f32 copy of the operand.
-/// Returns `S_dec`, or `None` for what this path does not cover (Four Over Six, an empty
-/// tensor), which the caller quantizes the usual way.
+/// [`fake_quantize_into`] of `x` packed straight into the BF16 GEMM's tiles (`a_layout`: as
+/// its A operand, else as B): the same values panel by panel, packed while in cache, with no
+/// f32 copy of the operand. Rowwise operands are packed block-major
+/// ([`crate::gemm::pack::pack_panels`]); columnwise ones are quantized in the source layout
+/// (as [`fake_quantize_columnwise_source_layout`]) and packed chunk-major
+/// ([`crate::gemm::pack::pack_panels_chunk_major`]; with RHT the transform runs twice, once
+/// for the global amax and once per panel, instead of being stored). Returns `(S_dec,
+/// chunk_major)`, or `None` for what this path does not cover (Four Over Six, an empty
+/// tensor, a non-finite transformed value), which the caller quantizes the usual way.
 ///
 /// # Errors
-/// As [`fake_quantize_into`] with [`Usage::Rowwise`].
+/// As [`fake_quantize_into`].
 pub(crate) fn fake_quantize_packed(
     x: &[f32],
-    (rows, cols): (usize, usize),
+    (rows, cols, usage): (usize, usize, Usage),
     q: &OperandQuant,
     key: RngKey,
     a_layout: bool,
     buf: &mut Vec<u32>,
-) -> Result<Option<f32>, QuantError> {
-    let plan = Plan::new(x, rows, cols, Usage::Rowwise, q, key)?;
-    if plan.fos.is_some() || plan.is_empty() || plan.mask.is_some() {
+) -> Result<Option<(f32, bool)>, QuantError> {
+    let plan = Plan::new(x, rows, cols, usage, q, key)?;
+    if plan.fos.is_some() || plan.is_empty() {
         return Ok(None);
     }
-    fast::fake_quantize_packed(x, &plan, a_layout, buf).map(Some)
+    Ok(match usage {
+        Usage::Rowwise => Some((fast::fake_quantize_packed(x, &plan, a_layout, buf)?, false)),
+        Usage::Columnwise => {
+            fast::fake_quantize_packed_source(x, &plan, a_layout, buf)?.map(|f| (f, true))
+        }
+    })
 }
 
 /// The columnwise [`fake_quantize_into`] of `x` (`[rows, cols]`) written in the layout of

@@ -380,8 +380,8 @@ fn quant_state<'s>(
 /// operands are quantized and the GEMM runs on the tile unit, which rounds its inputs to
 /// BF16 (nearest even) itself ([`quantized_gemm_rounds_inputs`]). Then a BF16
 /// round-to-nearest operand goes in unrounded (the same bits without a pass over it), and
-/// a rowwise quantized operand is quantized straight into the packed tiles `tiles.0` (as
-/// the GEMM's A operand when `tiles.1`, else as B) with no f32 copy
+/// a quantized operand is quantized straight into the packed tiles `tiles.0` (as the
+/// GEMM's A operand when `tiles.1`, else as B) with no f32 copy where its format allows
 /// ([`Quantizer::fake_quantize_packed`]): [`Side::Packed`].
 fn prepare<'a>(
     op: Operand<'a>,
@@ -405,8 +405,15 @@ fn prepare<'a>(
     let mut local = QuantState::new();
     let state = quant_state(&mut op.state, quantizer.spec(), &mut local)?;
     if gemm_rounds {
-        if let Some(f) = quantizer.fake_quantize_packed(op.x, state, tiles.1, tiles.0)? {
-            return Ok((Side::Packed { rows: outer, k }, f));
+        if let Some((f, chunk_major)) =
+            quantizer.fake_quantize_packed(op.x, state, tiles.1, tiles.0)?
+        {
+            let side = Side::Packed {
+                rows: outer,
+                k,
+                chunk_major,
+            };
+            return Ok((side, f));
         }
     }
     let n = outer * k;

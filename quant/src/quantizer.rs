@@ -304,12 +304,16 @@ impl Quantizer {
         }
     }
 
-    /// [`Quantizer::fake_quantize_into`] of a rowwise operand straight into the packed tiles
-    /// of the BF16 GEMM (as its A operand when `a_layout`, else as B; see
-    /// [`crate::gemm::pack::pack_panels`]): the same values, quantized and packed panel by
-    /// panel while in cache, with no f32 copy of the operand. Returns the per-tensor factor,
-    /// or `None` (nothing packed) where this path does not apply: columnwise usage, F32 and
-    /// BF16 (which the GEMM rounds itself), NVFP4 with Four Over Six, RHT, empty tensors.
+    /// [`Quantizer::fake_quantize_into`] straight into the packed tiles of the BF16 GEMM (as
+    /// its A operand when `a_layout`, else as B): the same values, quantized and packed
+    /// panel by panel while in cache, with no f32 copy of the operand. Rowwise operands are
+    /// packed block-major ([`crate::gemm::pack::pack_panels`]); columnwise ones, where the
+    /// format has a source-layout kernel ([`Quantizer::fake_quantize_source_layout`]),
+    /// chunk-major from it ([`crate::gemm::pack::pack_panels_chunk_major`]). Returns the
+    /// per-tensor factor and whether the tiles are chunk-major, or `None` (nothing packed)
+    /// where this path does not apply: F32 and BF16 (which the GEMM rounds itself), NVFP4
+    /// with Four Over Six, MX with RHT, columnwise FP8 with stochastic rounding, empty
+    /// tensors.
     ///
     /// Errors: as [`Quantizer::fake_quantize_into`].
     pub(crate) fn fake_quantize_packed(
@@ -318,19 +322,22 @@ impl Quantizer {
         state: &mut QuantState,
         a_layout: bool,
         buf: &mut Vec<u32>,
-    ) -> Result<Option<f32>, QuantError> {
-        if self.usage != Usage::Rowwise {
-            return Ok(None);
-        }
-        let (d, r, c) = (x.contiguous()?, x.rows, x.cols);
+    ) -> Result<Option<(f32, bool)>, QuantError> {
+        let (d, shape) = (x.contiguous()?, (x.rows, x.cols, self.usage));
         let (q, k) = (&self.spec, self.key);
         match q.format {
             QuantFormat::F32 | QuantFormat::Bf16 => Ok(None),
             QuantFormat::Fp8 { .. } => fp8::fake_quantize_packed(self, x, state, a_layout, buf),
-            QuantFormat::Mx { .. } => mx::fake_quantize_packed(d, (r, c), q, k, a_layout, buf),
-            QuantFormat::Nvfp4 { .. } => {
-                nvfp4::fake_quantize_packed(d, (r, c), q, k, a_layout, buf)
-            }
+            QuantFormat::Mx { .. } => mx::fake_quantize_packed(d, shape, q, k, a_layout, buf),
+            QuantFormat::Nvfp4 { .. } => nvfp4::fake_quantize_packed(d, shape, q, k, a_layout, buf),
+        }
+    }
+
+    /// This quantizer with rowwise usage.
+    pub(crate) fn as_rowwise(&self) -> Quantizer {
+        Quantizer {
+            usage: Usage::Rowwise,
+            ..*self
         }
     }
 

@@ -49,26 +49,24 @@ impl Drop for TileConfig {
     }
 }
 
-/// The 32 x 32 block `C (+)= Σ_t A(·, t) · B(·, t)` over `chunks` chunks: `a` points at the
-/// first of two runs of packed A tiles `run` tiles apart (tile `(i, t)` at `(i · run + t) ·
-/// 512` BF16), `b` likewise for B; tile `(i, j)` of C is at `c + 16 i · ldc + 16 j` (f32
-/// elements, row stride `ldc`). With `acc` the tiles start from C's values (loaded), else
-/// from zero; either way they are stored back at the end.
+/// The 32 x 32 block `C (+)= Σ_t A(·, t) · B(·, t)` over `chunks` chunks: `a = (ptr, run,
+/// step)` points at packed A tile `(0, 0)`, tile `(i, t)` (`i < 2`) at `(i · run + t ·
+/// step) · 512` BF16 from it; `b` likewise for B; tile `(i, j)` of C is at `c + 16 i · ldc +
+/// 16 j` (f32 elements, row stride `ldc`). With `acc` the tiles start from C's values
+/// (loaded), else from zero; either way they are stored back at the end.
 ///
 /// # Safety
 /// AMX-BF16 must be usable and a [`TileConfig`] loaded on this thread; `a` and `b` must be
-/// valid for `(run + chunks) · 512` BF16 reads, `c` for reads and writes of 32 rows of 32
-/// f32 at stride `ldc`; `chunks >= 1`.
+/// valid for reads of those tiles for `t < chunks`, `c` for reads and writes of 32 rows of
+/// 32 f32 at stride `ldc`; `chunks >= 1`.
 pub(super) unsafe fn block_2x2(
-    a: *const u16,
-    b: *const u16,
-    run: usize,
+    (a, a_run, a_step): (*const u16, usize, usize),
+    (b, b_run, b_step): (*const u16, usize, usize),
     chunks: usize,
     c: *mut f32,
     ldc: usize,
     acc: bool,
 ) {
-    let run = run * 1024; // bytes from one run of tiles to the other
     let ldc_bytes = ldc * 4;
     let c_low = c.add(16 * ldc); // tiles (1, 0) and (1, 1)
     macro_rules! kernel {
@@ -84,10 +82,10 @@ pub(super) unsafe fn block_2x2(
                 "tdpbf16ps tmm1, tmm4, tmm7",
                 "tdpbf16ps tmm2, tmm5, tmm6",
                 "tdpbf16ps tmm3, tmm5, tmm7",
-                "add {a0}, 1024",
-                "add {a1}, 1024",
-                "add {b0}, 1024",
-                "add {b1}, 1024",
+                "add {a0}, {sa}",
+                "add {a1}, {sa}",
+                "add {b0}, {sb}",
+                "add {b1}, {sb}",
                 "dec {n}",
                 "jnz 2b",
                 "tilestored [{c} + {ldc}*1], tmm0",
@@ -95,9 +93,11 @@ pub(super) unsafe fn block_2x2(
                 "tilestored [{cl} + {ldc}*1], tmm2",
                 "tilestored [{cl} + {ldc}*1 + 64], tmm3",
                 a0 = inout(reg) a => _,
-                a1 = inout(reg) a.cast::<u8>().add(run) => _,
+                a1 = inout(reg) a.cast::<u8>().add(a_run * 1024) => _,
                 b0 = inout(reg) b => _,
-                b1 = inout(reg) b.cast::<u8>().add(run) => _,
+                b1 = inout(reg) b.cast::<u8>().add(b_run * 1024) => _,
+                sa = in(reg) a_step * 1024,
+                sb = in(reg) b_step * 1024,
                 n = inout(reg) chunks => _,
                 c = in(reg) c,
                 cl = in(reg) c_low,

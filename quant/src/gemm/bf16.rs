@@ -189,6 +189,9 @@ pub(crate) enum Side<'a> {
         rows: usize,
         /// The reduction dimension.
         k: usize,
+        /// Chunk-major tiles ([`super::pack::pack_panels_chunk_major`]) rather than
+        /// block-major ([`super::pack::pack_panels`]).
+        chunk_major: bool,
     },
 }
 
@@ -196,7 +199,7 @@ impl Side<'_> {
     fn dims(&self) -> (usize, usize) {
         match self {
             Side::View(v) => (v.rows, v.cols),
-            Side::Packed { rows, k } => (*rows, *k),
+            Side::Packed { rows, k, .. } => (*rows, *k),
         }
     }
 }
@@ -254,6 +257,7 @@ fn gemm_sides(amx: bool, a: Side<'_>, b: Side<'_>, out: &mut [f32], ws: &mut Bf1
     // is reused from the cache by every block of the group. An output element still takes its
     // chunks in order (the tiles are stored and reloaded exactly between slabs), so its bits
     // do not depend on the grouping, the slab size or the thread count.
+    let (la, lb) = (Layout::of(&a, kc, mb * 2), Layout::of(&b, kc, nb * 2));
     let group = mb.div_ceil(2 * rayon::current_num_threads()).max(1);
     out.par_chunks_mut(group * BLOCK * n)
         .enumerate()
@@ -266,13 +270,12 @@ fn gemm_sides(amx: bool, a: Side<'_>, b: Side<'_>, out: &mut [f32], ws: &mut Bf1
                 let acc = k0 > 0;
                 for (bi, rows) in rows.chunks_mut(BLOCK * n).enumerate() {
                     let ib = g * group + bi;
-                    let a_blk = &pa[(ib * 2 * kc + k0) * TILE_WORDS..][..(kc + kn) * TILE_WORDS];
+                    let a_blk = la.tiles(pa, ib, k0, kn);
                     let m_here = rows.len() / n;
                     for jb in 0..nb {
-                        let b_blk =
-                            &pb[(jb * 2 * kc + k0) * TILE_WORDS..][..(kc + kn) * TILE_WORDS];
+                        let b_blk = lb.tiles(pb, jb, k0, kn);
                         let n_here = (n - jb * BLOCK).min(BLOCK);
-                        let tiles = (a_blk, b_blk, kc, kn);
+                        let tiles = (a_blk, b_blk, kn);
                         if m_here == BLOCK && n_here == BLOCK {
                             // a whole block: straight into the output rows
                             block(amx, tiles, acc, &mut rows[jb * BLOCK..], n);
@@ -295,32 +298,87 @@ fn gemm_sides(amx: bool, a: Side<'_>, b: Side<'_>, out: &mut [f32], ws: &mut Bf1
         });
 }
 
-/// One 32 x 32 output block over `chunks` chunks of `(a, b, run, chunks)` (two runs of
-/// tiles `run` apart in each operand, see [`super::amx::block_2x2`]), accumulated into `c`
-/// (row stride `ldc`; tile `(i, j)`: rows `16i ..`, columns `16j ..`) when `acc`, written
-/// over it otherwise. `c` must hold `31 · ldc + 32` elements.
+/// Where a packed operand's tiles lie: tile `(i, t)` (rows `16i ..`, chunk `t`) at tile
+/// index `i · run + t · step`. Block-major (the GEMM's own packing and
+/// [`super::pack::pack_panels`]): `run = kc`, `step = 1`; chunk-major
+/// ([`super::pack::pack_panels_chunk_major`]): `run = 1`, `step =` the row tiles.
+#[derive(Clone, Copy, Debug)]
+struct Layout {
+    run: usize,
+    step: usize,
+}
+
+impl Layout {
+    fn of(side: &Side<'_>, kc: usize, row_tiles: usize) -> Layout {
+        match side {
+            Side::Packed {
+                chunk_major: true, ..
+            } => Layout {
+                run: 1,
+                step: row_tiles,
+            },
+            _ => Layout { run: kc, step: 1 },
+        }
+    }
+
+    /// The tiles of the 32-row block `ib` from chunk `k0` on, `kn` chunks: the slice from
+    /// tile `(2 ib, k0)` and this layout's strides.
+    fn tiles<'a>(&self, packed: &'a [u32], ib: usize, k0: usize, kn: usize) -> Tiles<'a> {
+        let first = 2 * ib * self.run + k0 * self.step;
+        let end = first + self.run + (kn - 1) * self.step + 1;
+        Tiles {
+            words: &packed[first * TILE_WORDS..end * TILE_WORDS],
+            run: self.run,
+            step: self.step,
+        }
+    }
+}
+
+/// Two runs of packed tiles of one operand: tile `(i, t)` (`i < 2`) at tile index `i · run
+/// + t · step` of `words`.
+#[derive(Clone, Copy)]
+struct Tiles<'a> {
+    words: &'a [u32],
+    run: usize,
+    step: usize,
+}
+
+impl Tiles<'_> {
+    fn tile(&self, i: usize, t: usize) -> &[u16] {
+        bytemuck::cast_slice(
+            &self.words[(i * self.run + t * self.step) * TILE_WORDS..][..TILE_WORDS],
+        )
+    }
+
+    fn holds(&self, chunks: usize) -> bool {
+        chunks >= 1 && self.words.len() >= (self.run + (chunks - 1) * self.step + 1) * TILE_WORDS
+    }
+}
+
+/// One 32 x 32 output block over `chunks` chunks of `(a, b, chunks)` (see [`Tiles`] and
+/// [`super::amx::block_2x2`]), accumulated into `c` (row stride `ldc`; tile `(i, j)`: rows
+/// `16i ..`, columns `16j ..`) when `acc`, written over it otherwise. `c` must hold `31 ·
+/// ldc + 32` elements.
 #[inline]
 fn block(
     amx: bool,
-    (a, b, run, chunks): (&[u32], &[u32], usize, usize),
+    (a, b, chunks): (Tiles<'_>, Tiles<'_>, usize),
     acc: bool,
     c: &mut [f32],
     ldc: usize,
 ) {
     assert!(ldc >= BLOCK && c.len() >= (BLOCK - 1) * ldc + BLOCK);
-    assert!(chunks >= 1 && a.len() >= (run + chunks) * TILE_WORDS);
-    assert!(b.len() >= (run + chunks) * TILE_WORDS);
+    assert!(a.holds(chunks) && b.holds(chunks));
     #[cfg(target_arch = "x86_64")]
     if amx {
         // SAFETY: `amx` comes from `has_amx_bf16` (CPU support and OS permission), the
-        // caller loaded the tile configuration on this thread, `a` and `b` hold two runs of
-        // `chunks` packed tiles `run` apart and `c` the 32 x 32 block at stride `ldc`
-        // (asserted above).
+        // caller loaded the tile configuration on this thread, `a` and `b` hold their tiles
+        // (i, t) for i < 2, t < chunks at the strides given, and `c` the 32 x 32 block at
+        // stride `ldc` (asserted above).
         unsafe {
             super::amx::block_2x2(
-                a.as_ptr().cast(),
-                b.as_ptr().cast(),
-                run,
+                (a.words.as_ptr().cast(), a.run, a.step),
+                (b.words.as_ptr().cast(), b.run, b.step),
                 chunks,
                 c.as_mut_ptr(),
                 ldc,
@@ -337,10 +395,9 @@ fn block(
     }
     for t in 0..chunks {
         for i in 0..2 {
-            let at = bytemuck::cast_slice(&a[(i * run + t) * TILE_WORDS..][..TILE_WORDS]);
+            let at = a.tile(i, t);
             for j in 0..2 {
-                let bt = bytemuck::cast_slice(&b[(j * run + t) * TILE_WORDS..][..TILE_WORDS]);
-                tile_portable(&mut c[i * TILE * ldc + j * TILE..], ldc, at, bt);
+                tile_portable(&mut c[i * TILE * ldc + j * TILE..], ldc, at, b.tile(j, t));
             }
         }
     }

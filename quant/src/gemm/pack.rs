@@ -41,10 +41,10 @@ pub(super) fn pack_a(a: MatRef<'_>, kc: usize, row_tiles: usize, buf: &mut Vec<u
             #[cfg(target_arch = "x86_64")]
             if wide {
                 // SAFETY: `wide` says the CPU has AVX-512F/BW/VL.
-                unsafe { pack_tiles_avx512(a, kc, g * group, tiles, true) };
+                unsafe { pack_tiles_avx512(a, kc, g * group, tiles, (true, false)) };
                 return;
             }
-            pack_tiles(a, kc, g * group, tiles, true);
+            pack_tiles(a, kc, g * group, tiles, (true, false));
         });
 }
 
@@ -66,10 +66,10 @@ pub(super) fn pack_b(b: MatRef<'_>, kc: usize, col_tiles: usize, buf: &mut Vec<u
             #[cfg(target_arch = "x86_64")]
             if wide {
                 // SAFETY: `wide` says the CPU has AVX-512F/BW/VL.
-                unsafe { pack_tiles_avx512(b, kc, g * group, tiles, false) };
+                unsafe { pack_tiles_avx512(b, kc, g * group, tiles, (false, false)) };
                 return;
             }
-            pack_tiles(b, kc, g * group, tiles, false);
+            pack_tiles(b, kc, g * group, tiles, (false, false));
         });
 }
 
@@ -82,24 +82,38 @@ fn group_size(blocks: usize) -> usize {
 
 /// Packs the tiles of the 16-row blocks `i0 ..` of `x: [rows, K]` that `tiles` holds (`kc`
 /// tiles per block): as A tiles (`words[r][p]`, see [`pack_a`]) when `a_layout`, as B tiles
-/// (`words[p][r]`, see [`pack_b`]) otherwise.
+/// (`words[p][r]`, see [`pack_b`]) otherwise; tile `(b, t)` at tile index `b · kc + t`, or
+/// `t · blocks + b` when `chunk_major`.
 #[inline(always)]
-fn pack_tiles(x: MatRef<'_>, kc: usize, i0: usize, tiles: &mut [u32], a_layout: bool) {
+fn pack_tiles(
+    x: MatRef<'_>,
+    kc: usize,
+    i0: usize,
+    tiles: &mut [u32],
+    (a_layout, chunk_major): (bool, bool),
+) {
     let blocks = tiles.len() / (kc * TILE_WORDS);
+    let at = |b: usize, t: usize| {
+        if chunk_major {
+            (t * blocks + b) * TILE_WORDS
+        } else {
+            (b * kc + t) * TILE_WORDS
+        }
+    };
     let mut w = [[0u32; TILE]; TILE];
     // K outermost for a transposed view (each K step's line is then read across the group's
     // blocks in one run); block by block otherwise.
     if x.col_stride != 1 && x.row_stride == 1 {
         for t in 0..kc {
             for b in 0..blocks {
-                let tile = &mut tiles[(b * kc + t) * TILE_WORDS..][..TILE_WORDS];
+                let tile = &mut tiles[at(b, t)..][..TILE_WORDS];
                 pack_tile(x, i0 + b, t, tile, a_layout, &mut w);
             }
         }
     } else {
         for b in 0..blocks {
             for t in 0..kc {
-                let tile = &mut tiles[(b * kc + t) * TILE_WORDS..][..TILE_WORDS];
+                let tile = &mut tiles[at(b, t)..][..TILE_WORDS];
                 pack_tile(x, i0 + b, t, tile, a_layout, &mut w);
             }
         }
@@ -196,9 +210,9 @@ unsafe fn pack_tiles_avx512(
     kc: usize,
     i0: usize,
     tiles: &mut [u32],
-    a_layout: bool,
+    layout: (bool, bool),
 ) {
-    pack_tiles(x, kc, i0, tiles, a_layout)
+    pack_tiles(x, kc, i0, tiles, layout)
 }
 
 /// Whether the packing loops may use AVX-512 (the same instructions' results: the packing
@@ -259,7 +273,6 @@ where
         return S::default();
     }
     let per_task = (PANEL_ELEMS / (TILE * k)).clamp(1, group_size(row_tiles));
-    let wide = wide_packing();
     buf[..len]
         .par_chunks_mut(per_task * kc * TILE_WORDS)
         .enumerate()
@@ -270,24 +283,85 @@ where
                 tiles.fill(0); // padding tiles only
                 return S::default();
             }
-            // (A nested call on this thread would find the cell empty and allocate.)
-            let mut v = PANEL.with(Cell::take);
-            if v.len() < n * k {
-                v.resize(n * k, 0.0);
-            }
-            let s = panel(r0, &mut v[..n * k]);
-            let x = MatRef::row_major(&v[..n * k], n, k);
-            #[cfg(target_arch = "x86_64")]
-            if wide {
-                // SAFETY: `wide` says the CPU has AVX-512F/BW/VL.
-                unsafe { pack_tiles_avx512(x, kc, 0, tiles, a_layout) };
-                PANEL.with(|c| c.set(v));
-                return s;
-            }
-            let _ = wide;
-            pack_tiles(x, kc, 0, tiles, a_layout);
-            PANEL.with(|c| c.set(v));
-            s
+            panel_task(n * k, &panel, r0, |v| {
+                let x = MatRef::row_major(v, n, k);
+                pack_dispatch(x, kc, tiles, (a_layout, false))
+            })
         })
         .reduce(S::default, merge)
+}
+
+/// [`pack_panels`] for an `[rows, k]` operand whose values come in the **source layout** of
+/// a columnwise quantizer: `panel(k0, dst)` writes `dst` as `n` rows of `rows` values, row
+/// `j` holding column `k0 + j` of the operand (`k0` a multiple of 32; `n` = 32 · chunks, or
+/// what is left of K). The tiles are stored chunk-major (tile `(i, t)` at tile index `t ·
+/// row_tiles + i`, see [`super::bf16::Side::Packed`]), so that each panel's chunks are
+/// one contiguous run of `buf`.
+pub(crate) fn pack_panels_chunk_major<S, P>(
+    rows: usize,
+    k: usize,
+    a_layout: bool,
+    buf: &mut Vec<u32>,
+    merge: fn(S, S) -> S,
+    panel: P,
+) -> S
+where
+    S: Send + Default,
+    P: Fn(usize, &mut [f32]) -> S + Sync,
+{
+    let kc = k.div_ceil(CHUNK);
+    let row_tiles = packed_row_tiles(rows);
+    let len = row_tiles * kc * TILE_WORDS;
+    if buf.len() < len {
+        buf.resize(len, 0);
+    }
+    if len == 0 {
+        return S::default();
+    }
+    let per_task =
+        (PANEL_ELEMS / (CHUNK * rows)).clamp(1, kc.div_ceil(2 * rayon::current_num_threads()));
+    buf[..len]
+        .par_chunks_mut(per_task * row_tiles * TILE_WORDS)
+        .enumerate()
+        .map(|(g, tiles)| {
+            let k0 = g * per_task * CHUNK;
+            let n = (k - k0).min(per_task * CHUNK);
+            panel_task(n * rows, &panel, k0, |v| {
+                let x = MatRef::row_major(v, n, rows).t();
+                pack_dispatch(x, n.div_ceil(CHUNK), tiles, (a_layout, true))
+            })
+        })
+        .reduce(S::default, merge)
+}
+
+/// Runs `panel(start, dst)` on this thread's scratch (`len` elements) and then `pack` on
+/// the values it wrote.
+#[inline]
+fn panel_task<S, P: Fn(usize, &mut [f32]) -> S>(
+    len: usize,
+    panel: &P,
+    start: usize,
+    pack: impl FnOnce(&[f32]),
+) -> S {
+    // (A nested call on this thread would find the cell empty and allocate.)
+    let mut v = PANEL.with(Cell::take);
+    if v.len() < len {
+        v.resize(len, 0.0);
+    }
+    let s = panel(start, &mut v[..len]);
+    pack(&v[..len]);
+    PANEL.with(|c| c.set(v));
+    s
+}
+
+/// [`pack_tiles`] from block 0, with AVX-512 where [`wide_packing`] allows.
+#[inline]
+fn pack_dispatch(x: MatRef<'_>, kc: usize, tiles: &mut [u32], layout: (bool, bool)) {
+    #[cfg(target_arch = "x86_64")]
+    if wide_packing() {
+        // SAFETY: `wide_packing` says the CPU has AVX-512F/BW/VL.
+        unsafe { pack_tiles_avx512(x, kc, 0, tiles, layout) };
+        return;
+    }
+    pack_tiles(x, kc, 0, tiles, layout);
 }

@@ -421,19 +421,36 @@ pub(super) fn fake_quantize(
     super::check_finite(x, st)
 }
 
-/// [`fake_quantize`] of a rowwise operand (validated, non-empty, no RHT) packed into GEMM
-/// tiles panel by panel ([`crate::gemm::pack::pack_panels`]): each panel's values are those
-/// [`fake_quantize`] writes for the same rows (the random bytes at the same flat indices).
+/// [`fake_quantize`] of an operand (validated, non-empty, no RHT) packed into GEMM tiles
+/// panel by panel: rowwise block-major ([`crate::gemm::pack::pack_panels`]), each panel's
+/// values those [`fake_quantize`] writes for the same rows (the random bytes at the same
+/// flat indices); columnwise (`columnwise`) chunk-major
+/// ([`crate::gemm::pack::pack_panels_chunk_major`]) from the source-layout kernel of
+/// [`fake_quantize_columnwise_source_layout`], on 32-row strips.
 pub(super) fn fake_quantize_packed(
     x: &[f32],
-    rows: usize,
-    cols: usize,
+    (rows, cols, columnwise): (usize, usize, bool),
     c: &MxCast,
     a_layout: bool,
     buf: &mut Vec<u32>,
 ) -> PanelStats {
+    let merge = PanelStats::merge;
+    if columnwise {
+        let pcols = rows.div_ceil(BLOCK) * BLOCK;
+        let pack = crate::gemm::pack::pack_panels_chunk_major;
+        return pack(cols, rows, a_layout, buf, merge, |r0, dst: &mut [f32]| {
+            let src = &x[r0 * cols..][..dst.len()];
+            match c.element {
+                MxElement::E4M3 => vertical_dispatch::<E4M3>(c, src, cols, r0, pcols, dst, false),
+                MxElement::E5M2 => vertical_dispatch::<E5M2>(c, src, cols, r0, pcols, dst, false),
+                MxElement::E2M3 => vertical_dispatch::<E2M3>(c, src, cols, r0, pcols, dst, false),
+                MxElement::E3M2 => vertical_dispatch::<E3M2>(c, src, cols, r0, pcols, dst, false),
+                MxElement::E2M1 => vertical_dispatch::<E2M1>(c, src, cols, r0, pcols, dst, false),
+            }
+        });
+    }
     let pcols = cols.div_ceil(BLOCK) * BLOCK;
-    crate::gemm::pack::pack_panels(rows, cols, a_layout, buf, PanelStats::merge, |r0, dst| {
+    crate::gemm::pack::pack_panels(rows, cols, a_layout, buf, merge, |r0, dst| {
         let n = dst.len() / cols;
         panel::with_scratch(|s| {
             let rb = c.sr.map(|key| {

@@ -752,6 +752,60 @@ pub(super) fn fake_quantize_columnwise_source_layout(
     Ok(Some(g.s_dec))
 }
 
+/// [`fake_quantize_columnwise_source_layout`] packed into GEMM tiles chunk-major, panel by
+/// panel ([`crate::gemm::pack::pack_panels_chunk_major`]): with RHT, a first pass stages
+/// each panel's transform in scratch only for the amax (the same values and reduction as
+/// the staging pass), and the packing pass transforms each panel again before quantizing it
+/// in place. Returns `S_dec`, or `None` for a non-finite transformed value.
+///
+/// # Errors
+/// Non-finite input without RHT, reported with its index by the amax pass.
+pub(super) fn fake_quantize_packed_source(
+    x: &[f32],
+    plan: &Plan,
+    a_layout: bool,
+    buf: &mut Vec<u32>,
+) -> Result<Option<f32>, QuantError> {
+    debug_assert!(plan.usage == Usage::Columnwise && plan.fos.is_none() && !plan.is_empty());
+    let (cols, k) = (plan.rows, plan.cols);
+    let g = if plan.mask.is_some() {
+        let p = task_rows(cols);
+        let (amax, finite) = (0..k.div_ceil(p))
+            .into_par_iter()
+            .map(|i| {
+                let n = (k - i * p).min(p);
+                crate::panel::with_scratch(|s| {
+                    let dst = crate::panel::grow(&mut s.panel, n * cols);
+                    rht_stage_panel_dispatch(dst, plan, x, i * p)
+                })
+            })
+            .reduce(|| (0.0, true), |a, b| (max(a.0, b.0), a.1 && b.1));
+        if !finite {
+            return Ok(None);
+        }
+        Scaling::new(amax, None).g
+    } else {
+        Scaling::new(global_amax(x, plan)?, None).g
+    };
+    let pack = crate::gemm::pack::pack_panels_chunk_major::<(), _>;
+    pack(
+        cols,
+        k,
+        a_layout,
+        buf,
+        |_, _| (),
+        |k0, dst: &mut [f32]| {
+            if plan.mask.is_some() {
+                rht_stage_panel_dispatch(&mut *dst, plan, x, k0);
+                vertical_panel_dispatch(dst, plan, InPlace, &g, k0);
+            } else {
+                vertical_panel_dispatch(dst, plan, &x[k0 * cols..][..dst.len()], &g, k0);
+            }
+        },
+    );
+    Ok(Some(g.s_dec))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
