@@ -1,6 +1,7 @@
-//! Rowwise quantized operands go into the BF16 GEMM quantized straight into its packed tiles
-//! (no f32 copy, where the tile unit runs): the product equals "fake-quantize the whole
-//! operand, then the BF16 GEMM, then α" bit for bit, for every format with that path, on
+//! Quantized operands go into the BF16 GEMM quantized straight into its packed tiles (no f32
+//! copy, where the tile unit runs; rowwise block-major, columnwise from the source-layout
+//! kernels chunk-major): the product equals "fake-quantize the whole operand, then the BF16
+//! GEMM, then α" bit for bit, for every format with that path, rowwise and columnwise, on
 //! either side of the GEMM, on shapes that span several quantize-and-pack panels with
 //! partial blocks, chunks and tiles, for 1 to 3 threads; the FP8 delayed-scaling state is
 //! updated as by the f32 path, and non-finite input is still a typed error.
@@ -15,7 +16,7 @@ use quant::qgemm::{fake_operand, quantized_matmul_tn_prequantized, quantized_mat
 use quant::qgemm::{GemmWorkspace, Operand};
 use quant::{
     AmaxAlgo, BlockShape, Fp8Element, Fp8Scaling, OperandQuant, QuantError, QuantFormat,
-    QuantState, RngKey, RoundingMode, Usage,
+    QuantState, Rht, RngKey, RoundingMode, Usage,
 };
 
 fn data(n: usize, seed: u32) -> Vec<f32> {
@@ -43,6 +44,22 @@ fn delayed(element: Fp8Element) -> OperandQuant {
     }
 }
 
+/// Pairs of columnwise formats with a packed path (RHT on both sides or neither).
+fn columnwise_pairs() -> Vec<(OperandQuant, OperandQuant)> {
+    let f = formats();
+    let rht = OperandQuant::nvfp4().with_rht(Rht::FixedSigns);
+    let rht_sr = rht.with_rounding(RoundingMode::Stochastic);
+    vec![
+        (rht_sr, rht),
+        (f[0], f[2]),
+        (f[1], f[3]),
+        (f[3], f[4]),
+        (f[4], f[5]),
+        (f[5], delayed(Fp8Element::E4M3)),
+        (delayed(Fp8Element::E5M2), f[0]),
+    ]
+}
+
 /// The formats whose rowwise operands take the packed path.
 fn formats() -> Vec<OperandQuant> {
     let sr = RoundingMode::Stochastic;
@@ -67,12 +84,17 @@ fn formats() -> Vec<OperandQuant> {
 /// The product through the packed path (A and B rowwise, quantized in the call) against the
 /// whole-operand reference, for `threads` threads. Returns the output and the two states.
 fn run(
-    qa: &OperandQuant,
-    qb: &OperandQuant,
+    (qa, qb, usage): (&OperandQuant, &OperandQuant, Usage),
     (m, n, k): (usize, usize, usize),
     threads: usize,
 ) -> (Vec<f32>, [QuantState; 2]) {
     let (a, b) = (data(m * k, 1), data(n * k, 2));
+    // the tensors: [outer, K] rowwise, [K, outer] columnwise
+    let shape = |outer: usize| match usage {
+        Usage::Rowwise => (outer, k),
+        Usage::Columnwise => (k, outer),
+    };
+    let ((ar, ac), (br, bc)) = (shape(m), shape(n));
     let key = RngKey { seed: 5, stream: 9 };
     let pool = rayon::ThreadPoolBuilder::new()
         .num_threads(threads)
@@ -83,10 +105,10 @@ fn run(
         let states = [QuantState::new(), QuantState::new()];
         let [mut sa, mut sb] = states.clone();
         let (mut fa, mut fb) = (vec![0.0f32; m * k], vec![0.0f32; n * k]);
-        let xa = quantizer(qa, Usage::Rowwise, key).unwrap();
-        let xb = quantizer(qb, Usage::Rowwise, key).unwrap();
-        let ma = MatRef::new(&a, m, k).unwrap();
-        let mb = MatRef::new(&b, n, k).unwrap();
+        let xa = quantizer(qa, usage, key).unwrap();
+        let xb = quantizer(qb, usage, key).unwrap();
+        let ma = MatRef::new(&a, ar, ac).unwrap();
+        let mb = MatRef::new(&b, br, bc).unwrap();
         let alpha = xa.fake_quantize_into(ma, &mut sa, &mut fa).unwrap()
             * xb.fake_quantize_into(mb, &mut sb, &mut fb).unwrap();
         let mut want = vec![0.0f32; m * n];
@@ -108,7 +130,10 @@ fn run(
             .iter()
             .zip(&want)
             .all(|(x, y)| x.to_bits() == y.to_bits());
-        assert!(same, "{qa:?} x {qb:?}, [{m}, {n}, {k}], {threads} threads");
+        assert!(
+            same,
+            "{qa:?} x {qb:?} {usage:?}, [{m}, {n}, {k}], {threads} threads"
+        );
         assert_eq!(
             (ga.amax_history(), ga.scale()),
             (sa.amax_history(), sa.scale())
@@ -139,15 +164,20 @@ fn run(
 
 #[test]
 fn packed_operands_equal_the_whole_operand_path() {
-    // K = 1000: 62.5 NVFP4 blocks, 31.25 chunks; M = 300, N = 70: partial tiles and blocks;
-    // about 64 rows per quantize-and-pack panel at this K, so several panels per operand.
-    let dims = (300, 70, 1000);
+    // K = 1008: 63 NVFP4 blocks, 31.5 chunks; M = 300, N = 70: partial tiles and blocks;
+    // about 64 rows (rowwise) or 2-7 chunks (columnwise) per quantize-and-pack panel here,
+    // so several panels per operand.
+    let dims = (300, 70, 1008);
     let fs = formats();
-    for (i, qa) in fs.iter().enumerate() {
-        let qb = &fs[(i + 3) % fs.len()];
-        let (first, states) = run(qa, qb, dims, 1);
+    let rowwise = (0..fs.len()).map(|i| (fs[i], fs[(i + 3) % fs.len()], Usage::Rowwise));
+    let columnwise = columnwise_pairs()
+        .into_iter()
+        .map(|(a, b)| (a, b, Usage::Columnwise));
+    let cases: Vec<_> = rowwise.chain(columnwise).collect();
+    for (qa, qb, usage) in &cases {
+        let (first, states) = run((qa, qb, *usage), dims, 1);
         for threads in [2, 3] {
-            let (other, st) = run(qa, qb, dims, threads);
+            let (other, st) = run((qa, qb, *usage), dims, threads);
             assert!(first
                 .iter()
                 .zip(&other)
@@ -155,10 +185,19 @@ fn packed_operands_equal_the_whole_operand_path() {
             assert_eq!(states[0].scale(), st[0].scale());
         }
     }
-    // small and odd shapes: one panel, fewer rows than a tile, K below a block
-    for dims in [(1, 1, 1), (5, 33, 17), (17, 16, 32), (64, 48, 128)] {
-        for qa in &fs {
-            run(qa, &fs[0], dims, 2);
+    // small and odd shapes: one panel, fewer rows than a tile, K below a block or a chunk
+    for dims in [
+        (1, 1, 16),
+        (5, 33, 48),
+        (17, 16, 32),
+        (64, 48, 128),
+        (3, 2, 1),
+        (9, 40, 17),
+    ] {
+        for (qa, qb, usage) in &cases {
+            if dims.2 % 16 == 0 || qa.rht == Rht::Off {
+                run((qa, qb, *usage), dims, 2);
+            }
         }
     }
 }
