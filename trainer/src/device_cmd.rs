@@ -3,18 +3,17 @@
 //! stdout (`sample`, whose stdout is the generated text, prints nothing about it).
 //!
 //! `train` runs its forward and backward passes on a CUDA device through autograd's `Graph`
-//! ([`trainer::train::Trainer::set_device`]) when every linear layer of the recipe has FP32 or
-//! BF16 operands (the quantized device linear is not wired yet); the optimizer, evaluation and
-//! checkpoints stay on the host. `compare` and `sample` run on the CPU (`sample`'s KV-cache
+//! ([`trainer::train::Trainer::set_device`]) when the device linear runs every GEMM operand of
+//! the recipe (FP32, BF16, FP8, MXFP8 / MXFP4, NVFP4: every built-in recipe); the optimizer,
+//! evaluation and checkpoints stay on the host. `compare` and `sample` run on the CPU (`sample`'s KV-cache
 //! attention has no CUDA kernel yet). `--device cuda` where the command cannot use the device
 //! is an error before anything is written; `auto` then chooses the CPU and says why.
 
 use std::sync::Arc;
 
 use anyhow::{bail, Result};
-use autograd::backend::DeviceBackend;
+use autograd::backend::{linear_blocker, DeviceBackend};
 use clap::ValueEnum;
-use quant::{GemmPolicy, OperandQuant};
 use trainer::recipe::Recipe;
 
 /// The `--device` flag.
@@ -29,26 +28,21 @@ pub enum DeviceArg {
     Cuda,
 }
 
-/// Whether every GEMM operand of `p` is FP32 or BF16 (what the device linear runs).
-fn fp32_or_bf16(p: &GemmPolicy) -> bool {
-    [p.fprop, p.dgrad, p.wgrad]
-        .iter()
-        .flat_map(|g| [g.a, g.b])
-        .all(|q| q.is_identity() || q == OperandQuant::BF16)
-}
-
-/// Why `recipe` cannot train on the device, if it cannot.
+/// Why `recipe` cannot train on the device, if it cannot: an operand setting the device
+/// linear has no kernel for (autograd's `linear_blocker`).
 fn recipe_blocker(recipe: &Recipe) -> Option<String> {
     let mut policies = vec![&recipe.linear];
     policies.extend(recipe.overrides.iter().map(|o| &o.policy));
     policies.extend(recipe.schedule.as_ref().map(|s| &s.target));
-    (!policies.into_iter().all(fp32_or_bf16)).then(|| {
-        format!(
-            "recipe {} quantizes GEMM operands below BF16, and the device linear runs FP32 and \
-             BF16 operands only so far",
-            recipe.name
-        )
-    })
+    policies
+        .into_iter()
+        .find_map(|p| linear_blocker(p))
+        .map(|op| {
+            format!(
+                "recipe {} has GEMM operands the device has no kernel for: {op}",
+                recipe.name
+            )
+        })
 }
 
 /// Resolves `arg` for `command`: the device to train on (`None`: the CPU) and the line that
@@ -94,9 +88,12 @@ mod tests {
 
     #[test]
     fn recipes_on_the_device() {
-        assert!(recipe_blocker(&Recipe::builtin("bf16").unwrap()).is_none());
-        assert!(recipe_blocker(&Recipe::builtin("fp32").unwrap()).is_none());
-        let nv = recipe_blocker(&Recipe::builtin("nvfp4").unwrap()).unwrap();
-        assert!(nv.contains("below BF16"), "{nv}");
+        for r in Recipe::builtins() {
+            assert_eq!(recipe_blocker(&r), None, "{}", r.name);
+        }
+        let mut r = Recipe::builtin("nvfp4").unwrap();
+        r.linear.fprop.a = quant::OperandQuant::BF16.with_rounding(quant::RoundingMode::Stochastic);
+        let why = recipe_blocker(&r).unwrap();
+        assert!(why.contains("stochastic rounding"), "{why}");
     }
 }

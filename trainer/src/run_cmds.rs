@@ -377,7 +377,7 @@ pub fn run_train(args: TrainArgs) -> Result<()> {
     // nothing is written before this point
     let (dev, line) = device_cmd::resolve(args.run.device, "train", Some(tr.recipe()))?;
     println!("{line}");
-    tr.set_device(dev);
+    tr.set_device(dev)?;
     let out = tr.out_dir().to_path_buf();
     let s = match tr.run() {
         Ok(s) => s,

@@ -136,25 +136,29 @@ impl ParamStore {
                 ),
             );
         }
-        for i in 0..n {
+        // every length first: on error nothing is updated
+        for (i, (m, v)) in moments.m.iter().zip(&moments.v).enumerate() {
             let len = self.shapes[i].numel();
-            let (lm, lv) = (d.be.len(&moments.m[i]), d.be.len(&moments.v[i]));
+            let (lm, lv) = (d.be.len(m), d.be.len(v));
             if lm != len || lv != len {
                 return crate::error::arg_err(
                     "device_adamw",
                     format!("parameter {i} has {len} elements, its moments {lm} and {lv}"),
                 );
             }
+        }
+        let parts = d.values.iter_mut().zip(&d.grads).zip(&self.shapes);
+        let moms = moments.m.iter_mut().zip(moments.v.iter_mut());
+        for (((p, g), shape), ((m, v), c)) in parts.zip(moms.zip(coeffs)) {
             let zeros;
-            let g = match &d.grads[i] {
+            let g = match g {
                 Some(g) => g,
                 None => {
-                    zeros = d.be.zeros(self.shapes[i].numel())?;
+                    zeros = d.be.zeros(shape.numel())?;
                     &zeros
                 }
             };
-            let (m, v) = (&mut moments.m[i], &mut moments.v[i]);
-            d.be.adamw(&mut d.values[i], g, m, v, &coeffs[i])?;
+            d.be.adamw(p, g, m, v, c)?;
         }
         Ok(())
     }

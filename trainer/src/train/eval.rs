@@ -35,6 +35,8 @@ impl Trainer {
         let mut total = 0.0f64;
         let mut probes: Vec<LinearProbe> = Vec::new();
         let n = self.cfg.train.eval_batches;
+        // the first batch reads host values (a device store comes back; AdamW's moments stay)
+        self.sync_host(false)?;
         for i in 0..n {
             // the first batch probes the Fprop operands on the host; the rest run on the
             // training device (if any)

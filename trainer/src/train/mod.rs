@@ -49,6 +49,7 @@ use crate::data::{split, Batcher, BatcherConfig, DataError, Sampling, Tokens};
 use crate::model::Gpt;
 use crate::recipe::Recipe;
 
+mod device_step;
 mod error;
 mod eval;
 mod metrics;
@@ -102,6 +103,9 @@ pub struct Trainer {
     /// The device the forward and backward passes run on (`None`: the CPU); see
     /// [`Trainer::set_device`].
     device: Option<std::sync::Arc<autograd::backend::DeviceBackend>>,
+    /// AdamW's moments on the device (uploaded from `opt` at the first device step; `opt`
+    /// mirrors them at each checkpoint).
+    dev_moments: Option<autograd::backend::DeviceMoments>,
 }
 
 fn param_layout(ps: &ParamStore, model: &Gpt) -> Vec<ParamSpec> {
@@ -187,6 +191,7 @@ impl Trainer {
             inject_nan_at_step: crate::interrupt::nan_step_from_env(),
             resumed_from: None,
             device: None,
+            dev_moments: None,
         })
     }
 
@@ -300,14 +305,25 @@ impl Trainer {
         &self.model
     }
 
-    /// Runs every training step's forward and backward passes on `device` (`None`: the CPU).
-    /// The parameters live on the host between steps: a step uploads them, computes its
-    /// micro-batches on the device and downloads values and gradients, so clipping, AdamW
-    /// (on host values), checkpoints and resume are the CPU's, and a checkpoint resumes on
-    /// either device. Evaluation runs its batches on the device too, but the first (its
-    /// quantization-error probes read host values).
-    pub fn set_device(&mut self, device: Option<std::sync::Arc<autograd::backend::DeviceBackend>>) {
+    /// Runs every training step on `device` (`None`: the CPU): forward, backward, the gradient
+    /// norm, clipping and AdamW on the FP32 master weights, with the parameters, gradients and
+    /// AdamW moments staying in device memory between steps (only the loss and the gradient
+    /// norm come back each step). The norm and AdamW are optim's arithmetic bit for bit, so a
+    /// device run differs from a CPU run only through its forward and backward passes.
+    /// Checkpoints download the store and the moments first (the same files on either device:
+    /// a checkpoint resumes on either). Evaluation runs its batches on the device too, but the
+    /// first (its quantization-error probes read host values).
+    ///
+    /// # Errors
+    /// Leaving a device mid-run downloads its store and moments first; a device error then.
+    pub fn set_device(
+        &mut self,
+        device: Option<std::sync::Arc<autograd::backend::DeviceBackend>>,
+    ) -> Result<(), TrainError> {
+        self.sync_host(true)?;
         self.device = device;
+        self.dev_moments = None;
+        Ok(())
     }
 
     /// The parameters (values, gradients, quantizer states).
@@ -340,6 +356,7 @@ impl Trainer {
     }
     /// Writes a checkpoint of the current state into `out/checkpoints/`.
     pub fn save_checkpoint(&mut self) -> Result<PathBuf, TrainError> {
+        self.sync_host(true)?;
         let mut state = TrainState {
             version: STATE_VERSION,
             step: self.step,

@@ -1,5 +1,6 @@
 //! One optimizer step (forward and backward of every micro-batch, clipping, AdamW) and the
-//! divergence guard that judges it before anything is applied.
+//! divergence guard that judges it before anything is applied. On a device the whole step
+//! runs there (`device_step.rs`); only the loss and the gradient norm come back.
 
 use autograd::Graph;
 
@@ -36,7 +37,7 @@ impl Trainer {
             .ids()
             .filter(|&id| {
                 self.ps
-                    .grad(id)
+                    .download_grad(id)
                     .map(|g| g.iter().any(|v| !v.is_finite()))
                     .unwrap_or(false)
             })
@@ -56,7 +57,9 @@ impl Trainer {
         let accum = self.cfg.train.grad_accum;
         let progress = self.progress();
         let mut loss_sum = 0.0f64;
+        let on_device = self.device.is_some();
         if let Some(dev) = &self.device {
+            // the store stays on the device between steps (no-op then)
             self.ps.to_device(dev)?;
         }
         for _ in 0..accum {
@@ -77,18 +80,27 @@ impl Trainer {
             };
             g.backward(scaled)?;
         }
-        // values and gradients back to the host: the optimizer below runs there
-        self.ps.to_host()?;
         let mut loss = (loss_sum / accum as f64) as f32;
         let step_no = self.step + 1;
-        if self.inject_nan_at_step == Some(step_no) {
+        let inject = self.inject_nan_at_step == Some(step_no);
+        if inject {
             loss = f32::NAN;
-            let id = self.model.blocks[0].qkv;
-            if let Some(v) = self.ps.grad_mut(id)?.first_mut() {
-                *v = f32::NAN;
+            if !on_device {
+                let id = self.model.blocks[0].qkv;
+                if let Some(v) = self.ps.grad_mut(id)?.first_mut() {
+                    *v = f32::NAN;
+                }
             }
         }
-        let grad_norm = optim::grad_norm(&self.ps.grads());
+        // the gradient norm where the gradients are (the same bits on either device)
+        let mut grad_norm = if on_device {
+            self.ps.device_grad_norm()?
+        } else {
+            optim::grad_norm(&self.ps.grads())
+        };
+        if inject {
+            grad_norm = f32::NAN;
+        }
         let lr = self.schedule.lr(self.step);
         let diverged = |reason: String, me: &Self| TrainError::Diverged {
             step: step_no,
@@ -117,9 +129,13 @@ impl Trainer {
             }
         }
         let coef = optim::clip_coefficient(grad_norm, self.cfg.train.clip)?;
-        let (values, grads) = self.ps.params_and_grads();
-        let mut values = values;
-        self.opt.step_scaled(&mut values, &grads, lr, coef)?;
+        if on_device {
+            self.device_adamw(lr, coef)?;
+        } else {
+            let (values, grads) = self.ps.params_and_grads();
+            let mut values = values;
+            self.opt.step_scaled(&mut values, &grads, lr, coef)?;
+        }
         self.ps.end_quant_step()?;
         self.ps.zero_grad();
         self.step = step_no;
