@@ -34,6 +34,7 @@ use autograd::NamedTensor;
 use fp_formats::checkpoint::{Layout, NoProgress, QuantizeOptions, Scheme};
 use serde_json::{json, Value};
 
+use crate::any_checkpoint::AnyCheckpoint;
 use crate::data::{Tokenizer, TOKENIZER_FILE};
 use crate::model::{MlpKind, ModelConfig};
 use crate::rundir::StagedDir;
@@ -316,7 +317,11 @@ pub fn tokenizer_of(path: &Path) -> Result<Option<Tokenizer>, HfError> {
             Ok(None)
         };
     }
-    let dir = crate::checkpoint::resolve(path)?;
+    let rl_dir = crate::rl::checkpoint::resolve(path);
+    let dir = match &rl_dir {
+        Some(d) => d.clone(),
+        None => crate::checkpoint::resolve(path)?,
+    };
     // run/checkpoints/step_N -> run
     let run = dir.parent().and_then(Path::parent);
     for d in [Some(path), Some(dir.as_path()), run].into_iter().flatten() {
@@ -324,6 +329,10 @@ pub fn tokenizer_of(path: &Path) -> Result<Option<Tokenizer>, HfError> {
         if p.is_file() {
             return tok(&p).map(Some);
         }
+    }
+    if rl_dir.is_some() {
+        // an RL run keeps tokenizer.json unless its model is byte-level
+        return Ok(Some(Tokenizer::Bytes));
     }
     let spath = dir.join(crate::checkpoint::STATE_FILE);
     let text = fs::read_to_string(&spath).map_err(io(&spath))?;
@@ -526,18 +535,18 @@ pub fn export_model(
     Ok(report)
 }
 
-/// Exports a Nibble checkpoint (a checkpoint directory or a run directory, whose latest
-/// checkpoint is used) as a Hugging Face Llama folder.
+/// Exports a Nibble checkpoint, pretraining or RL ([`AnyCheckpoint`]: a checkpoint directory
+/// or a run directory, whose latest checkpoint is used) as a Hugging Face Llama folder.
 pub fn export(src: &Path, out: &Path, opts: &ExportOptions) -> Result<ExportReport, HfError> {
-    let ck = crate::checkpoint::load(src)?;
+    let ck = AnyCheckpoint::load(src)?;
     let mut opts = opts.clone();
     if opts.tokenizer_json.is_none() {
         if let Some(t) = tokenizer_of(src)? {
-            if t.vocab_size() as usize > ck.state.model.vocab {
+            if t.vocab_size() as usize > ck.model().vocab {
                 return Err(HfError::Unsupported(format!(
                     "the tokenizer ({}) has more tokens than the model ({})",
                     t.describe(),
-                    ck.state.model.vocab
+                    ck.model().vocab
                 )));
             }
             opts.tokenizer_json = Some(t.to_json());
@@ -545,10 +554,10 @@ pub fn export(src: &Path, out: &Path, opts: &ExportOptions) -> Result<ExportRepo
     }
     opts.metadata
         .entry("nibble_step".into())
-        .or_insert_with(|| ck.state.step.to_string());
+        .or_insert_with(|| ck.step().to_string());
     opts.metadata
         .entry("nibble_recipe".into())
-        .or_insert_with(|| ck.state.recipe.name.clone());
+        .or_insert_with(|| ck.trained_by());
     if let Some(n) = opts.calibrate {
         if !matches!(opts.quantize, Some((Scheme::Nvfp4, _))) {
             return Err(HfError::Unsupported(
@@ -557,12 +566,29 @@ pub fn export(src: &Path, out: &Path, opts: &ExportOptions) -> Result<ExportRepo
                     .into(),
             ));
         }
-        let amax = crate::calibrate::calibrate_checkpoint(&ck, n)?;
+        let amax = match &ck {
+            AnyCheckpoint::Pretrain(c) => crate::calibrate::calibrate_checkpoint(c, n)?,
+            AnyCheckpoint::Rl(rl) => {
+                // the policy's activations on the pretraining data of the checkpoint RL
+                // started from (its task + corpus mix)
+                let start = Path::new(&rl.state.start);
+                let mut base = crate::checkpoint::load(start).map_err(|e| {
+                    HfError::Unsupported(format!(
+                        "calibrating an RL checkpoint reads the data of the checkpoint RL \
+                         started from ({}), which cannot be loaded: {e}",
+                        start.display()
+                    ))
+                })?;
+                base.state.model = rl.state.model.clone();
+                base.tensors = rl.tensors.clone();
+                crate::calibrate::calibrate_checkpoint(&base, n)?
+            }
+        };
         opts.input_amax = amax.into_iter().map(|a| (a.name, a.amax)).collect();
         opts.metadata
             .insert("nibble_calibration_batches".into(), n.to_string());
     }
-    export_model(&ck.state.model, &ck.tensors, out, &opts)
+    export_model(ck.model(), ck.tensors(), out, &opts)
 }
 
 fn cfg_usize(c: &Value, key: &str, path: &Path) -> Result<usize, HfError> {

@@ -13,6 +13,7 @@
 //! * [`config`]: the run's configuration (model, training settings, data) and its validation;
 //! * [`train`]: the training loop, metrics, divergence guard;
 //! * [`checkpoint`]: safetensors + JSON state, atomic writes, exact resume;
+//! * [`any_checkpoint`]: the model of a pretraining or an RL checkpoint, for sample/export;
 //! * [`compare`]: multi-recipe, multi-seed comparisons (the runs, reuse, resumption);
 //! * [`report`]: the comparison's report (markdown tables, SVG loss curves);
 //! * [`sample`]: text generation from a checkpoint at a chosen precision;
@@ -24,6 +25,7 @@
 //! * [`hf`]: Hugging Face Llama export (optionally NVFP4/MXFP8 through `fp-formats`) and import.
 #![warn(missing_docs)]
 
+pub mod any_checkpoint;
 pub mod calibrate;
 pub mod checkpoint;
 pub mod compare;

@@ -186,7 +186,7 @@ enum RlCommand {
 
 #[derive(Args, Debug, Default)]
 struct RlRunArgs {
-    /// Pretraining checkpoint or run directory to start from.
+    /// Checkpoint or run directory to start from (pretraining, or RL to continue from an RL-tuned policy).
     #[arg(long, conflicts_with_all = ["resume", "pretrain_steps"])]
     from: Option<PathBuf>,
     /// Pretrain the starting model first (on the task's mix, the plan's pretrain recipe) for

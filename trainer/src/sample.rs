@@ -12,7 +12,7 @@ use std::path::Path;
 use autograd::{Graph, ParamStore};
 use serde::{Deserialize, Serialize};
 
-use crate::checkpoint;
+use crate::any_checkpoint::AnyCheckpoint;
 use crate::model::{Gpt, ModelError, Precision};
 use crate::recipe::Recipe;
 use crate::rl::plan::ActivationScales;
@@ -93,7 +93,8 @@ pub struct Sampler {
 }
 
 impl Sampler {
-    /// Loads a checkpoint (directory or run directory), or a Hugging Face Llama folder
+    /// Loads a checkpoint (pretraining or RL; directory or run directory), or a Hugging Face
+    /// Llama folder
     /// ([`crate::hf::load_hf`]), and sets the precision recipe.
     pub fn load(path: &Path, recipe: Recipe) -> Result<Sampler, TrainError> {
         if crate::hf::is_hf_folder(path) {
@@ -105,9 +106,9 @@ impl Sampler {
                 .map_err(|e| TrainError::Sampling(format!("{}: {e}", path.display())))?;
             return Ok(Sampler { ps, model, recipe });
         }
-        let ck = checkpoint::load(path)?;
+        let ck = AnyCheckpoint::load(path)?;
         let mut ps = ParamStore::new();
-        let model = Gpt::new(&mut ps, ck.state.model.clone(), 0)?;
+        let model = Gpt::new(&mut ps, ck.model().clone(), 0)?;
         ck.apply(&mut ps)?;
         Ok(Sampler { ps, model, recipe })
     }

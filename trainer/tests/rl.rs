@@ -13,8 +13,10 @@ use trainer::rl::run::{RlOptions, RlRun};
 use trainer::rl::tasks::Task;
 use trainer::train::{RunConfig, Trainer};
 
-/// A tiny model pretrained for a few steps on the add mix: as text (byte-level), or as a
-/// raw token shard with a vocabulary of `vocab` (not byte-level).
+/// A tiny model pretrained on the add mix: as text (byte-level; 600 steps at lr 3e-3, enough
+/// for a few of the tiny RL batch's completions to pass, so the policy-gradient steps are
+/// not all zero), or as a raw token shard with a vocabulary of `vocab` (not byte-level; 6
+/// steps, for the refusals).
 fn pretrained(dir: &Path, vocab: usize) -> PathBuf {
     let text = Task::Add.mix(0, 2000, 20_000);
     let mut cfg = RunConfig::preset("tiny").unwrap();
@@ -36,9 +38,10 @@ fn pretrained(dir: &Path, vocab: usize) -> PathBuf {
             vocab_size: vocab as u32,
         }
     };
-    cfg.train.steps = 6;
+    cfg.train.steps = if vocab == 256 { 600 } else { 6 };
+    cfg.train.lr = 3e-3;
     cfg.train.warmup_steps = 2;
-    cfg.train.eval_every = 6;
+    cfg.train.eval_every = cfg.train.steps;
     cfg.train.eval_batches = 1;
     cfg.data = data;
     let out = dir.join("pre");
@@ -87,6 +90,11 @@ fn rl_run_resumes_bit_for_bit_and_stops_on_nan_rewards() {
     assert!(
         sa.frac_bitwise_different > 0.0,
         "an NVFP4 sampler differs from a BF16 trainer"
+    );
+    let load = |p: &Path| trainer::any_checkpoint::AnyCheckpoint::load(p).unwrap();
+    assert!(
+        !same_tensors(load(&a).tensors(), load(&from).tensors()),
+        "some completions passed: the policy moved, so resume has real state to restore"
     );
 
     // the same run stopped after 2 steps (a checkpoint), then resumed
@@ -241,4 +249,85 @@ fn bad_input_is_refused_before_anything_is_written() {
     assert!(common::stdout(&r).contains("activation-scales = \"static\""));
     let r = common::trainer(&["plans"]);
     assert!(common::stdout(&r).contains("mxfp8-nvfp4"));
+}
+
+/// Whether two parameter lists hold the same tensors bit for bit, in any order (without
+/// printing them when they do not).
+fn same_tensors(a: &[autograd::NamedTensor], b: &[autograd::NamedTensor]) -> bool {
+    a.len() == b.len()
+        && a.iter().all(|t| {
+            b.iter().any(|u| {
+                u.name == t.name
+                    && u.shape == t.shape
+                    && u.data
+                        .iter()
+                        .map(|x| x.to_bits())
+                        .eq(t.data.iter().map(|x| x.to_bits()))
+            })
+        })
+}
+
+#[test]
+fn an_rl_checkpoint_samples_exports_and_starts_another_rl_run() {
+    use trainer::any_checkpoint::AnyCheckpoint;
+    let tmp = tempfile::tempdir().unwrap();
+    let from = pretrained(tmp.path(), 256);
+    let plan = Plan::builtin("bf16").unwrap();
+    let cfg = common::tiny_rl_config(2, 2);
+    let out = tmp.path().join("rl");
+    let mut run = RlRun::new(cfg.clone(), plan.clone(), &from, &out, quiet()).unwrap();
+    let summary = run.run().unwrap();
+    let policy = run.params().export();
+    drop(run);
+
+    // the RL run directory resolves to its latest checkpoint: the policy after 2 steps
+    let ck = AnyCheckpoint::load(&out).unwrap();
+    assert_eq!((ck.step(), ck.trained_by().as_str()), (2, "rl:bf16"));
+    assert!(same_tensors(ck.tensors(), &policy));
+    assert!(!same_tensors(
+        AnyCheckpoint::load(&from).unwrap().tensors(),
+        &policy
+    ));
+
+    // `trainer sample` reads it (byte-level: the RL run keeps no tokenizer.json)
+    let args = [
+        "sample",
+        out.to_str().unwrap(),
+        "--device",
+        "cpu",
+        "--prompt",
+        "\n4+5=",
+    ];
+    let o = common::trainer(&[&args[..], &["--tokens", "3", "--temperature", "0"]].concat());
+    assert!(o.status.success(), "{}", common::stderr(&o));
+
+    // `trainer export` writes it as a Hugging Face folder that imports back to the policy
+    let hf = tmp.path().join("hf");
+    let report = trainer::hf::export(&out, &hf, &Default::default()).unwrap();
+    assert!(
+        report.files.iter().any(|f| f == "model.safetensors"),
+        "{:?}",
+        report.files
+    );
+    let (model, tensors) = trainer::hf::load_hf(&hf).unwrap();
+    assert_eq!(&model, ck.model());
+    assert!(same_tensors(&tensors, &policy));
+
+    // a second RL run starts from the RL-tuned policy: its held-out pass rate before the
+    // first step is the first run's after its last
+    let out2 = tmp.path().join("rl2");
+    let run2 = RlRun::new(cfg, plan, &out, &out2, quiet()).unwrap();
+    drop(run2);
+    let first: serde_json::Value = serde_json::from_str(
+        std::fs::read_to_string(out2.join("eval.jsonl"))
+            .unwrap()
+            .lines()
+            .next()
+            .unwrap(),
+    )
+    .unwrap();
+    assert_eq!(
+        first["pass_rate"].as_f64().unwrap(),
+        summary.final_pass_rate
+    );
 }

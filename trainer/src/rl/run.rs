@@ -155,8 +155,9 @@ fn codec_of(from: &Path, dir: &Path, vocab: usize) -> Result<TaskCodec, RlError>
 }
 
 impl RlRun {
-    /// Starts a run in `out` (which must not hold a run) from a pretraining checkpoint or run
-    /// directory `from`.
+    /// Starts a run in `out` (which must not hold a run) from the policy in `from`: a
+    /// pretraining or RL checkpoint, or a run directory of either kind
+    /// ([`crate::any_checkpoint::AnyCheckpoint`]).
     pub fn new(
         cfg: RlConfig,
         plan: Plan,
@@ -166,10 +167,10 @@ impl RlRun {
     ) -> Result<RlRun, RlError> {
         cfg.validate()?;
         plan.validate()?;
-        let ck = crate::checkpoint::load(from)?;
-        let codec = codec_of(from, &ck.dir, ck.state.model.vocab)?;
+        let ck = crate::any_checkpoint::AnyCheckpoint::load(from)?;
+        let codec = codec_of(from, ck.dir(), ck.model().vocab)?;
         let mut ps = ParamStore::new();
-        let model = Gpt::new(&mut ps, ck.state.model.clone(), 0)?;
+        let model = Gpt::new(&mut ps, ck.model().clone(), 0)?;
         ck.apply(&mut ps)?;
         let reference = (cfg.kl_coef > 0.0).then(|| {
             let mut r = ParamStore::new();
@@ -188,7 +189,7 @@ impl RlRun {
             reference,
             opt,
             rng,
-            ck.dir.display().to_string(),
+            ck.dir().display().to_string(),
             opts,
             codec,
         )?;
