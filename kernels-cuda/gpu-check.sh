@@ -21,10 +21,11 @@
 # benchmark tables), tests.log (full test output), bench.txt / bench.json (quantizers, GEMMs),
 # train-bench.txt / train-bench.json (training kernels), env.txt.
 #
-# Runtime on a 16-core H200 machine: expected 5-7 minutes; the per-step timeouts cap it at
+# Runtime on a 16-core H200 machine: expected 6-8 minutes; the per-step timeouts cap it at
 # about 13 minutes (unit 30 s, cpu 30 s, gpu 200 s, autograd-gpu 120 s, gpu_bench 90 s,
-# train_bench 90 s, trainer on the device 150 s, on the CPU 120 s): with the device tool's
-# 600 s limit, lower a timeout if the first run shows one is needed.
+# train_bench 90 s, trainer on the device 3 x 70 s, the CPU reference runs in the background
+# meanwhile): with the device tool's 600 s limit, lower a timeout if the first run shows one
+# is needed.
 set -uo pipefail
 
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
@@ -248,58 +249,83 @@ for spec in gpu_bench:90:bench train_bench:90:train-bench; do
   tee -a "$SUMMARY" < "$OUT/$stem.txt"
 done
 
-# A short training run of the `large` preset (~100M parameters) on the device: forward and
-# backward through autograd's Graph on the GPU, AdamW and evaluation on the host
-# (trainer/README.md, --device). BF16 runs there; NVFP4 must be refused before anything is
-# written (no quantized device linear yet). Step time, tokens/s and model FLOP utilisation
-# (6 N FLOP per token, against the H200's 989 TFLOP/s dense BF16 peak) from metrics.jsonl,
-# and the first steps' losses against a 2-step CPU run of the same configuration.
+# Short training runs of the `large` preset (~100M parameters) with the whole step on the
+# device (forward, backward, gradient norm, AdamW; the store and the moments stay there between
+# steps; trainer/README.md, --device): bf16, nvfp4 and mxfp8, each up to 30 steps or 70 s (a run
+# cut by the time cap keeps the metrics of its finished steps). Meanwhile, in the background,
+# two-step CPU runs of bf16 and nvfp4 give the first losses to compare. Reported per recipe:
+# step time, tokens/s and model FLOP utilisation (6 N FLOP per token against the H200's
+# 989 TFLOP/s dense BF16 peak), from metrics.jsonl; run directories (checkpoints) stay in a
+# scratch directory, their metrics and logs are copied to $OUT.
 TRAINER="$BUNDLE/trainer"
 if [[ -x "$TRAINER" ]]; then
-  common=(train --preset large --recipe bf16 --eval-every 1000 --quiet)
+  RUNS="$(mktemp -d)"
+  common=(train --preset large --eval-every 1000 --quiet)
+  for r in bf16 nvfp4; do
+    RAYON_NUM_THREADS=6 timeout 240 "$TRAINER" "${common[@]}" --recipe "$r" --device cpu \
+      --steps 2 --out "$RUNS/train-cpu-$r" > "$OUT/train-cpu-$r.txt" 2>&1 &
+  done
+  for r in bf16 nvfp4 mxfp8; do
+    t1=$(date +%s)
+    timeout 70 "$TRAINER" "${common[@]}" --recipe "$r" --device cuda --steps 30 \
+      --out "$RUNS/train-cuda-$r" > "$OUT/train-cuda-$r.txt" 2>&1
+    rc=$?
+    cp "$RUNS/train-cuda-$r/metrics.jsonl" "$OUT/train-cuda-$r.metrics.jsonl" 2>/dev/null
+    steps=$(grep -c . "$OUT/train-cuda-$r.metrics.jsonl" 2>/dev/null || echo 0)
+    note "trainer large $r --device cuda: exit $rc in $(( $(date +%s) - t1 )) s, $steps steps"
+    if [[ $rc -eq 124 ]]; then
+      note "  (the 70 s cap ended it; its finished steps are measured)"
+      [[ $steps -lt 4 ]] && { note "FAIL: $r made fewer than 4 steps in 70 s"; status=1; }
+    elif [[ $rc -ne 0 ]]; then
+      status=1
+      tail -5 "$OUT/train-cuda-$r.txt" | tee -a "$SUMMARY"
+    fi
+  done
   t1=$(date +%s)
-  timeout 150 "$TRAINER" "${common[@]}" --device cuda --steps 40 --out "$OUT/train-cuda-bf16" \
-    > "$OUT/train-cuda-bf16.txt" 2>&1
-  rc=$?
-  note "trainer large bf16 --device cuda: exit $rc in $(( $(date +%s) - t1 )) s"
-  [[ $rc -ne 0 ]] && { status=1; tail -5 "$OUT/train-cuda-bf16.txt" | tee -a "$SUMMARY"; }
-  t1=$(date +%s)
-  timeout 120 "$TRAINER" "${common[@]}" --device cpu --steps 2 --out "$OUT/train-cpu-bf16" \
-    > "$OUT/train-cpu-bf16.txt" 2>&1
-  note "trainer large bf16 --device cpu (2 steps): exit $? in $(( $(date +%s) - t1 )) s"
-  "$TRAINER" train --preset large --recipe nvfp4 --device cuda --steps 1 \
-    --out "$OUT/train-cuda-nvfp4" > "$OUT/train-cuda-nvfp4.txt" 2>&1
-  rc=$?
-  if [[ $rc -ne 0 && ! -e "$OUT/train-cuda-nvfp4" ]]; then
-    note "trainer nvfp4 --device cuda: refused before writing (expected): $(grep -m1 'device' "$OUT/train-cuda-nvfp4.txt")"
-  else
-    note "FAIL: trainer nvfp4 --device cuda: exit $rc, output dir $(ls -d "$OUT/train-cuda-nvfp4" 2>/dev/null)"
-    status=1
-  fi
+  wait
+  note "CPU reference runs (2 steps, background) finished $(( $(date +%s) - t1 )) s after the device runs"
+  for r in bf16 nvfp4; do
+    cp "$RUNS/train-cpu-$r/metrics.jsonl" "$OUT/train-cpu-$r.metrics.jsonl" 2>/dev/null
+  done
+  rm -rf "$RUNS"
   python3 - "$OUT" <<'PY' 2>&1 | tee -a "$SUMMARY"
 import json, re, statistics, sys
 out = sys.argv[1]
 def metrics(run):
     try:
-        return [json.loads(l) for l in open(f"{out}/{run}/metrics.jsonl") if l.strip()]
+        return [json.loads(l) for l in open(f"{out}/{run}.metrics.jsonl") if l.strip()]
     except OSError:
         return []
-n = None
-for line in open(f"{out}/train-cuda-bf16.txt", errors="replace"):
-    m = re.search(r"training (\d+) parameters", line)
-    if m:
-        n = int(m.group(1))
-gpu, cpu = metrics("train-cuda-bf16"), metrics("train-cpu-bf16")
-tps = [m["tokens_per_s"] for m in gpu[3:] if m.get("tokens_per_s", 0) > 0]
-if tps and n:
-    t = statistics.median(tps)
-    print(f"large bf16 on the device: {len(gpu)} steps, median {t:.0f} tokens/s, "
-          f"MFU {6 * n * t / 989e12:.2%} of 989 TFLOP/s (6N = {6 * n:.3g} FLOP/token)")
-else:
-    print("large bf16 on the device: no step metrics")
-for g, c in zip(gpu, cpu):
-    a, b = g["train_loss"], c["train_loss"]
-    print(f"step {g['step']}: loss device {a:.6f} cpu {b:.6f} rel {abs(a - b) / abs(b):.2e} (bound 2e-3 on step 1)")
+def params(run):
+    try:
+        for line in open(f"{out}/{run}.txt", errors="replace"):
+            m = re.search(r"training (\d+) parameters", line)
+            if m:
+                return int(m.group(1))
+    except OSError:
+        pass
+    return None
+# step 1's loss: the forward on the same initial weights. BF16: bound 2e-3 (autograd's tiny-model
+# bound); NVFP4: operands equal the CPU's unless an input within ~1e-6 of a rounding boundary
+# flips a code, which at this size happens somewhere, so the loss is only expected within 1e-2.
+bounds = {"bf16": 2e-3, "nvfp4": 1e-2}
+for r in ["bf16", "nvfp4", "mxfp8"]:
+    gpu, n = metrics(f"train-cuda-{r}"), params(f"train-cuda-{r}")
+    tps = [m["tokens_per_s"] for m in gpu[3:] if m.get("tokens_per_s", 0) > 0]
+    if tps and n and len(gpu) >= 2:
+        t = statistics.median(tps)
+        per_step = gpu[1]["tokens"] - gpu[0]["tokens"]
+        print(f"large {r} on the device: {len(gpu)} steps, median {t:.0f} tokens/s, "
+              f"step {per_step / t * 1e3:.0f} ms ({per_step} tokens), "
+              f"MFU {6 * n * t / 989e12:.2%} of 989 TFLOP/s (6N = {6 * n:.3g} FLOP/token)")
+    else:
+        print(f"large {r} on the device: no step metrics")
+    for g, c in zip(gpu, metrics(f"train-cpu-{r}")):
+        a, b = g["train_loss"], c["train_loss"]
+        rel = abs(a - b) / abs(b)
+        flag = "" if g["step"] > 1 or rel <= bounds[r] else "  CHECK: above the step-1 bound"
+        print(f"{r} step {g['step']}: loss device {a:.6f} cpu {b:.6f} rel {rel:.2e} "
+              f"(step-1 bound {bounds[r]:g}){flag}")
 PY
 else
   note "FAIL: missing $TRAINER"
