@@ -96,6 +96,13 @@ fn device_optimizer_step_matches_optim() {
 }
 
 #[test]
+fn matmul_matches_cpu_within_bound() {
+    if let Some(d) = emu_device("matmul_matches_cpu_within_bound") {
+        k::matmul::matmul_matches_cpu_within_bound(&d);
+    }
+}
+
+#[test]
 fn layout_ops_are_bit_exact() {
     if let Some(d) = emu_device("layout_ops_are_bit_exact") {
         k::layout_ops_are_bit_exact(&d);

@@ -68,6 +68,7 @@ pub mod ptx;
 mod quantize;
 pub mod swizzle;
 pub mod train;
+pub mod train_bmm;
 pub mod train_quant;
 
 pub use gpu::{DeviceMatrix, GpuContext};

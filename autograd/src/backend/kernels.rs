@@ -75,6 +75,22 @@ impl<L: Launcher> KernelBackend<L> {
         use kernels_cuda::train_quant::QuantOps;
         Ok(self.dev.fake_quantize(q, x, dims, state, out)?)
     }
+
+    /// Batched `c_i = op(a_i) · op(b_i) (+ beta · c_i)` through strides
+    /// (`kernels_cuda::train_bmm`): `matmul` / `matmul_t` on the device.
+    #[allow(clippy::too_many_arguments)]
+    pub fn gemm_batched(
+        &self,
+        batch: usize,
+        mnk: (usize, usize, usize),
+        a: (&L::Buf<f32>, kernels_cuda::train_bmm::Strided),
+        b: (&L::Buf<f32>, kernels_cuda::train_bmm::Strided),
+        beta: f32,
+        c: &mut L::Buf<f32>,
+    ) -> Result<()> {
+        use kernels_cuda::train_bmm::BmmOps;
+        Ok(self.dev.sgemm_batched(batch, mnk, 1.0, a, b, beta, c)?)
+    }
 }
 
 fn act(k: Act) -> Activation {

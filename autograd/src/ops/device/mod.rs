@@ -6,8 +6,10 @@
 
 mod elementwise;
 mod gemm;
+mod matmul;
 
 pub use gemm::linear_blocker;
+pub(crate) use matmul::DevBmm;
 mod nn;
 
 use crate::backend::{Backend, DeviceBackend, DeviceBuf};
