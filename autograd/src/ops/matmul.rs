@@ -109,17 +109,11 @@ impl Graph<'_> {
     /// # Ok::<(), autograd::Error>(())
     /// ```
     pub fn matmul(&mut self, a: Tensor, b: Tensor) -> Result<Tensor> {
-        if self.dev.is_some() {
-            return crate::ops::device::no_kernel("matmul");
-        }
         self.bmm(a, b, false)
     }
 
     /// `a · bᵀ` over the last two axes: `a: [..., M, K]`, `b: [..., N, K]` → `[..., M, N]`.
     pub fn matmul_t(&mut self, a: Tensor, b: Tensor) -> Result<Tensor> {
-        if self.dev.is_some() {
-            return crate::ops::device::no_kernel("matmul_t");
-        }
         self.bmm(a, b, true)
     }
 
@@ -168,6 +162,17 @@ impl Graph<'_> {
         let mut od = lead_a.to_vec();
         od.extend([m, n]);
         let out_shape = Shape::new(&od)?;
+        if self.dev.is_some() {
+            let d = crate::ops::device::DevBmm {
+                batch: geo.batch,
+                m: geo.m,
+                k: geo.k,
+                n: geo.n,
+                trans_b,
+                b_shared,
+            };
+            return self.dev_bmm(op, a, b, d, out_shape);
+        }
         let mut out = self.alloc(out_shape.numel());
         let v = self.values();
         geo.forward(v.get(a), v.get(b), out.as_mut_slice());
