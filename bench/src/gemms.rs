@@ -1,7 +1,8 @@
 //! GEMMs against the peaks of their instructions (`peak`): the f32 GEMM (matrixmultiply,
-//! FP32 FMA) and the BF16 GEMM (`quant::gemm::bf16`, the AMX-BF16 tile unit where present)
-//! on the training shapes of the `small` and `base` presets, and the BF16 GEMM over the f32
-//! GEMM on the same shapes. One process per thread count (matrixmultiply reads
+//! FP32 FMA), the BF16 GEMM (`quant::gemm::bf16`, the AMX-BF16 tile unit where present) and
+//! the block-scaled NVFP4 and MXFP8 GEMMs from f32 tensors (`quant::qgemm`, the operands'
+//! quantization included, as in training) on the training shapes of the `small` and `base`
+//! presets, and each over the f32 GEMM on the same shapes. One process per thread count (matrixmultiply reads
 //! `MATMUL_NUM_THREADS` once per process); every figure here is reported, not gated.
 
 use std::hint::black_box;
@@ -9,6 +10,8 @@ use std::hint::black_box;
 use anyhow::Result;
 use quant::gemm::bf16::{bf16_gemm_tn, Bf16Workspace};
 use quant::gemm::{sgemm, MatRef};
+use quant::qgemm::{quantized_matmul_tn, Operand};
+use quant::{GemmPolicy, OperandQuant, Quantizer, RngKey, Usage};
 
 use crate::harness::{run_rounds, Case, Clock};
 use crate::kernels::data;
@@ -80,6 +83,30 @@ pub fn suite(threads: usize, rounds: usize) -> Result<Vec<Metric>> {
         }
         let (va, vb) = (view(&a, m, k, wgrad), view(&b, n, k, wgrad));
         let (vab, vbb) = (view(&ab, m, k, wgrad), view(&bb, n, k, wgrad));
+        // the block-scaled GEMMs take the f32 tensors: `[outer, K]`, or `[K, outer]` (Wgrad)
+        let tensor = |x, outer| {
+            let (r, c) = if wgrad { (k, outer) } else { (outer, k) };
+            MatRef::new(x, r, c)
+        };
+        let (ta, tb) = (tensor(&a, m)?, tensor(&b, n)?);
+        let (nv, mx) = (GemmPolicy::nvfp4_paper(), GemmPolicy::mxfp8());
+        let pick = |p: GemmPolicy| {
+            if wgrad {
+                (p.wgrad.a, p.wgrad.b)
+            } else {
+                (p.fprop.a, p.fprop.b)
+            }
+        };
+        let usage = if wgrad {
+            Usage::Columnwise
+        } else {
+            Usage::Rowwise
+        };
+        let key = RngKey { seed: 1, stream: 2 };
+        let q = |x: OperandQuant| Quantizer::new(x, usage).map(|q| q.with_key(key));
+        let (nva, nvb) = (q(pick(nv).0)?, q(pick(nv).1)?);
+        let (mxa, mxb) = (q(pick(mx).0)?, q(pick(mx).1)?);
+        let (mut o3, mut o4) = (vec![0.0f32; m * n], vec![0.0f32; m * n]);
         let mut cases = [
             Case::new("f32", || {
                 pool.install(|| sgemm(1.0, va, vb.t(), 0.0, black_box(&mut o1)))
@@ -87,11 +114,27 @@ pub fn suite(threads: usize, rounds: usize) -> Result<Vec<Metric>> {
             Case::new("bf16", || {
                 pool.install(|| bf16_gemm_tn(vab, vbb, black_box(&mut o2), &mut ws))
             }),
+            Case::new("nvfp4", || {
+                let (a, b) = (Operand::new(ta, nva), Operand::new(tb, nvb));
+                pool.install(|| quantized_matmul_tn(a, b, black_box(&mut o3)))
+                    .expect("valid operands");
+            }),
+            Case::new("mxfp8", || {
+                let (a, b) = (Operand::new(ta, mxa), Operand::new(tb, mxb));
+                pool.install(|| quantized_matmul_tn(a, b, black_box(&mut o4)))
+                    .expect("valid operands");
+            }),
         ];
         let r = run_rounds(&mut cases, rounds, 3, Clock::Wall);
         let flops = 2.0 * (m * n * k) as f64;
         let shape = format!("{m}x{n}x{k}, {threads} thread(s)");
-        for (case, unit) in [("f32", Unit::Fma), ("bf16", bf16_unit)] {
+        let cases = [
+            ("f32", Unit::Fma),
+            ("bf16", bf16_unit),
+            ("nvfp4", bf16_unit),
+            ("mxfp8", bf16_unit),
+        ];
+        for (case, unit) in cases {
             let g = flops / r.median_secs(case) / 1e9;
             out.push(Metric::absolute(
                 format!("quant/gemm_{case}_{name}/gflops_{threads}t"),
@@ -110,14 +153,18 @@ pub fn suite(threads: usize, rounds: usize) -> Result<Vec<Metric>> {
                 ));
             }
         }
-        out.push(Metric::reported_ratio(
-            format!("quant/gemm_bf16_{name}/vs_f32_{threads}t"),
-            r.ratio("f32", "bf16"),
-            Better::Higher,
-            format!(
-                "time of the f32 GEMM / time of the BF16 GEMM (operand packing included), {shape}"
-            ),
-        ));
+        for (case, what) in [
+            ("bf16", "operand packing included"),
+            ("nvfp4", "quantizing the f32 operands included"),
+            ("mxfp8", "quantizing the f32 operands included"),
+        ] {
+            out.push(Metric::reported_ratio(
+                format!("quant/gemm_{case}_{name}/vs_f32_{threads}t"),
+                r.ratio("f32", case),
+                Better::Higher,
+                format!("time of the f32 GEMM / time of the {case} GEMM ({what}), {shape}"),
+            ));
+        }
     }
     Ok(out)
 }

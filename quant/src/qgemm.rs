@@ -16,9 +16,11 @@
 //!   (`[cols, rows]`).
 //! * FP32 operands are never copied: they enter [`sgemm`] as (possibly transposed) strided
 //!   views, and an all-FP32 product is bit for bit the plain [`sgemm`] / [`matmul_tn`].
-//! * Quantized operands are fake-quantized into reusable scratch buffers (per thread, or a
-//!   caller-provided [`GemmWorkspace`]); quantization is `O(MK + NK)` against the GEMM's
-//!   `O(MNK)`. Columnwise operands stay in the layout of the tensor where the format allows
+//! * Where the product runs on the tile unit, NVFP4, MX and FP8 operands are quantized
+//!   straight into its packed tiles, panel by panel in cache, with no f32 copy
+//!   (`Quantizer::fake_quantize_packed`; the same bits). Otherwise quantized operands are
+//!   fake-quantized into reusable scratch buffers (per thread, or a caller-provided
+//!   [`GemmWorkspace`]); quantization is `O(MK + NK)` against the GEMM's `O(MNK)`. Columnwise operands stay in the layout of the tensor where the format allows
 //!   it ([`Quantizer::fake_quantize_source_layout`]; the GEMM reads them through a
 //!   transposed view, like an f32 operand). The α
 //!   epilogue is split across the rayon pool for large outputs (elementwise, so the bytes
