@@ -11,7 +11,7 @@
 #        bash kernels-cuda/gpu-check.sh --prepare
 #      builds the test binaries (kernels-cuda's lib unit tests, tests/cpu.rs, tests/gpu.rs;
 #      autograd's tests/cuda_gpu.rs) and the gpu_bench and train_bench examples, strips them and puts them in kernels-cuda/gpu-bundle/ (git-ignored,
-#      ~12 MB), with BUILD_INFO (build machine, glibc needed, a digest of the sources);
+#      ~42 MB), with BUILD_INFO (build machine, glibc needed, a digest of the sources);
 #   2. on the device, from the repository root, carrying kernels-cuda/gpu-bundle:
 #        bash kernels-cuda/gpu-check.sh
 #      (without a bundle, it builds in place when cargo exists there).
