@@ -403,12 +403,17 @@ fn prune(root: &Path, name: &str, keep: usize) -> Result<(), CheckpointError> {
 }
 
 /// Resolves `path` to a checkpoint directory: itself if it holds `state.json`; else the
-/// directory named by its `latest` file, or by `checkpoints/latest` (a run directory).
+/// directory named by its `latest` file, or by `checkpoints/latest` (a run directory); a
+/// `latest` file itself names the directory beside it.
 pub fn resolve(path: &Path) -> Result<PathBuf, CheckpointError> {
     if path.join(STATE_FILE).is_file() {
         return Ok(path.to_path_buf());
     }
-    for root in [path.to_path_buf(), path.join("checkpoints")] {
+    let roots = match latest_file_parent(path) {
+        Some(parent) => vec![parent],
+        None => vec![path.to_path_buf(), path.join("checkpoints")],
+    };
+    for root in roots {
         let latest = root.join(LATEST_FILE);
         if latest.is_file() {
             let name = fs::read_to_string(&latest).map_err(io(&latest))?;
@@ -428,6 +433,12 @@ pub fn resolve(path: &Path) -> Result<PathBuf, CheckpointError> {
         }
     }
     Err(CheckpointError::NotACheckpoint(path.to_path_buf()))
+}
+
+/// The directory holding `path` when `path` is a `latest` file (`run/checkpoints/latest`).
+pub fn latest_file_parent(path: &Path) -> Option<PathBuf> {
+    let parent = path.parent()?;
+    (path.is_file() && path.file_name()? == LATEST_FILE).then(|| parent.to_path_buf())
 }
 
 /// Loads and verifies a checkpoint (see [`resolve`] for `path`): state JSON, checksums,

@@ -288,6 +288,11 @@ fn an_rl_checkpoint_samples_exports_and_starts_another_rl_run() {
         AnyCheckpoint::load(&from).unwrap().tensors(),
         &policy
     ));
+    // so does a path to either kind's `checkpoints/latest` file
+    for run in [&out, &from] {
+        let by_file = AnyCheckpoint::load(&run.join("checkpoints/latest")).unwrap();
+        assert_eq!(by_file.dir(), AnyCheckpoint::load(run).unwrap().dir());
+    }
 
     // `trainer sample` reads it (byte-level: the RL run keeps no tokenizer.json)
     let args = [

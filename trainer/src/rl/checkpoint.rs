@@ -120,16 +120,16 @@ pub fn save(
     Ok(dst)
 }
 
-/// Whether `dir` (a checkpoint or a run directory) holds an RL checkpoint.
+/// The RL checkpoint directory `path` names, if it names one: the directory itself, an RL
+/// run directory (its `checkpoints/latest`), or a `checkpoints/latest` file.
 pub fn resolve(path: &Path) -> Option<PathBuf> {
     if path.join(RL_STATE_FILE).is_file() {
         return Some(path.into());
     }
-    let latest = path
-        .join("checkpoints")
-        .join(crate::checkpoint::LATEST_FILE);
-    let name = fs::read_to_string(latest).ok()?;
-    let dir = path.join("checkpoints").join(name.trim());
+    let root =
+        crate::checkpoint::latest_file_parent(path).unwrap_or_else(|| path.join("checkpoints"));
+    let name = fs::read_to_string(root.join(crate::checkpoint::LATEST_FILE)).ok()?;
+    let dir = root.join(name.trim());
     dir.join(RL_STATE_FILE).is_file().then_some(dir)
 }
 
