@@ -18,8 +18,13 @@
 //!   committed grid the ratio never fell below 0.78.
 //! * **Held-out collapse**: an evaluation's greedy held-out pass rate below `guard_collapse`
 //!   times the best so far (the initial one included, judged once the best reaches
-//!   `guard_min_pass`); its checkpoint is not written. (At lr 3e-4 the held-out pass rate fell
-//!   from 0.945 to 0.46 in 30 steps: this trips it.)
+//!   `guard_min_pass`), **and** below the best by more than [`NOISE_Z`] binomial standard
+//!   errors of the difference of two pass rates over the held-out prompts
+//!   (`sqrt((b(1-b) + p(1-p)) / n)`); its checkpoint is not written. (At lr 3e-4 the held-out
+//!   pass rate fell from 0.945 to 0.46 in 30 steps, 12 standard errors: this trips it; so
+//!   does 0.15 to 0.0 at lr 6e-4 on `reverse`, 5.9 standard errors. From a weak start an early
+//!   dip that recovers, 0.15 to 0.07 at step 25 and 0.4 by step 200, is 2.6 standard errors:
+//!   the ratio test alone stopped that run.)
 //!
 //! `guard_max_k3 = 0` or `guard_collapse = 0` turns the corresponding check off. The guard's
 //! state is rebuilt from `metrics.jsonl` and `eval.jsonl` on resume, so a resumed run trips
@@ -156,16 +161,19 @@ impl RlGuard {
         }
     }
 
-    /// Judges an evaluation's greedy held-out pass rate (nothing recorded).
-    pub fn check_eval(&self, pass_rate: f64) -> Option<String> {
-        (self.collapse > 0.0
-            && self.best_eval >= self.min_pass
-            && pass_rate < self.collapse * self.best_eval)
+    /// Judges an evaluation's greedy held-out pass rate over `prompts` prompts (nothing
+    /// recorded).
+    pub fn check_eval(&self, pass_rate: f64, prompts: usize) -> Option<String> {
+        let (b, p) = (self.best_eval, pass_rate);
+        let se = ((b * (1.0 - b) + p * (1.0 - p)) / prompts.max(1) as f64).sqrt();
+        (self.collapse > 0.0 && b >= self.min_pass && p < self.collapse * b && b - p > NOISE_Z * se)
             .then(|| {
                 format!(
-                    "the held-out pass rate collapsed: {pass_rate:.3}, below guard_collapse {} x \
-                     its best {:.3} (this evaluation's checkpoint was not written)",
-                    self.collapse, self.best_eval
+                    "the held-out pass rate collapsed: {p:.3}, below guard_collapse {} x \
+                     its best {b:.3} and {:.1} standard errors below it over {prompts} prompts \
+                     (this evaluation's checkpoint was not written)",
+                    self.collapse,
+                    (b - p) / se.max(f64::MIN_POSITIVE)
                 )
             })
     }
@@ -248,7 +256,7 @@ mod tests {
             g.record_step(p);
         }
         g.record_eval(0.05);
-        assert_eq!(g.check_eval(0.0), None);
+        assert_eq!(g.check_eval(0.0, 200), None);
         let off = RlGuard::new(&RlConfig {
             guard_max_k3: 0.0,
             guard_collapse: 0.0,
@@ -257,7 +265,7 @@ mod tests {
         assert_eq!(off.check_step(0.0, 1e9), None);
         let mut off = off;
         off.record_eval(0.9);
-        assert_eq!(off.check_eval(0.0), None);
+        assert_eq!(off.check_eval(0.0, 200), None);
     }
 
     #[test]
@@ -265,12 +273,26 @@ mod tests {
         let mut g = RlGuard::new(&RlConfig::default());
         g.record_eval(0.86);
         g.record_eval(0.945);
-        assert_eq!(g.check_eval(0.85), None);
-        let why = g.check_eval(0.46).unwrap();
+        assert_eq!(g.check_eval(0.85, 200), None);
+        let why = g.check_eval(0.46, 200).unwrap();
         assert!(
-            why.contains("0.460, below guard_collapse 0.5 x its best 0.945"),
+            why.contains(
+                "0.460, below guard_collapse 0.5 x its best 0.945 and 12.5 standard errors"
+            ),
             "{why}"
         );
+        // from a weak start: an early dip within the noise of 200 prompts is not a collapse
+        // (that run recovered to 0.4), a fall to zero is
+        let mut weak = RlGuard::new(&RlConfig::default());
+        weak.record_eval(0.15);
+        assert_eq!(weak.check_eval(0.07, 200), None);
+        let why = weak.check_eval(0.0, 200).unwrap();
+        assert!(
+            why.contains("5.9 standard errors below it over 200 prompts"),
+            "{why}"
+        );
+        // the same dip over 2000 prompts is outside the noise
+        assert!(weak.check_eval(0.07, 2000).is_some());
         assert_eq!(g.check_step(0.5, 1.0), None, "at the bound");
         assert!(g
             .check_step(0.5, 1.0001)

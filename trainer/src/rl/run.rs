@@ -797,7 +797,7 @@ impl RlRun {
             bar.set_position(self.step);
             if self.step % self.cfg.eval_every == 0 || self.step == total {
                 let (greedy, sampled) = self.evaluate()?;
-                if let Some(why) = self.guard.check_eval(greedy) {
+                if let Some(why) = self.guard.check_eval(greedy, self.eval_set.len()) {
                     bar.abandon();
                     return Err(self.diverged(self.step, why));
                 }
