@@ -103,6 +103,13 @@ fn matmul_matches_cpu_within_bound() {
 }
 
 #[test]
+fn pool_reuses_device_buffers() {
+    if let Some(d) = emu_device("pool_reuses_device_buffers") {
+        k::pool::pool_reuses_device_buffers(&d);
+    }
+}
+
+#[test]
 fn layout_ops_are_bit_exact() {
     if let Some(d) = emu_device("layout_ops_are_bit_exact") {
         k::layout_ops_are_bit_exact(&d);

@@ -7,9 +7,12 @@
 //! `DeviceBackend::emulated` call decides), so a buffer can never reach a launcher of the
 //! other kind.
 
-use std::sync::{Arc, OnceLock};
+use std::any::{Any, TypeId};
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
 
-use kernels_cuda::train::{Arg, Elem, Launcher};
+use kernels_cuda::train::{Arg, Elem, Launcher, TrainOps};
 use kernels_cuda::{probe, Gpu, GpuBuf, GpuContext, KernelError};
 
 use super::{BackendError, KernelBackend, Result};
@@ -17,9 +20,49 @@ use super::{BackendError, KernelBackend, Result};
 /// The CUDA kernels on the GPU or on the emulator: what a device `ParamStore` and `Graph` use.
 pub type DeviceBackend = KernelBackend<DeviceLauncher>;
 
-/// The launcher of [`DeviceBackend`].
+/// The launcher of [`DeviceBackend`], with its buffer pool.
 #[derive(Clone, Debug)]
-pub struct DeviceLauncher(Kind);
+pub struct DeviceLauncher {
+    kind: Kind,
+    pool: Arc<Pool>,
+}
+
+/// Freed f32 device buffers by exact length, reused by the next `zeros` of that length (a
+/// training step asks for the same sizes every step), zero-filled by a kernel on reuse.
+#[derive(Default)]
+struct Pool {
+    free: Mutex<HashMap<usize, Vec<Box<dyn Any + Send>>>>,
+    /// One zero, the source of the fill that clears a reused buffer.
+    zero: Mutex<Option<BufKind<f32>>>,
+    allocated: AtomicU64,
+    reused: AtomicU64,
+}
+
+impl std::fmt::Debug for Pool {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let (a, r) = (
+            self.allocated.load(Ordering::Relaxed),
+            self.reused.load(Ordering::Relaxed),
+        );
+        write!(f, "Pool {{ allocated: {a}, reused: {r} }}")
+    }
+}
+
+impl Pool {
+    fn free(&self) -> std::sync::MutexGuard<'_, HashMap<usize, Vec<Box<dyn Any + Send>>>> {
+        self.free.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+/// How many f32 buffers a [`DeviceLauncher`] has allocated from the device and how many it
+/// served from its pool (`zeros` calls = the sum).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PoolStats {
+    /// New device allocations.
+    pub allocated: u64,
+    /// Requests served by a freed buffer of the same length.
+    pub reused: u64,
+}
 
 #[derive(Clone, Debug)]
 enum Kind {
@@ -28,9 +71,51 @@ enum Kind {
     Emu(&'static kernels_cuda::emu::Emu),
 }
 
-/// A buffer of `T` on the device (opaque: only a [`DeviceLauncher`] makes one).
-#[derive(Debug)]
-pub struct DeviceBuf<T>(BufKind<T>);
+/// A buffer of `T` on the device (opaque: only a [`DeviceLauncher`] makes one). An f32 buffer
+/// goes back to its launcher's pool when dropped.
+pub struct DeviceBuf<T> {
+    inner: Option<BufKind<T>>,
+    /// Puts the buffer back into the pool (f32 buffers from `zeros`).
+    ret: Option<Box<dyn FnOnce(BufKind<T>) + Send + Sync>>,
+}
+
+impl<T: std::fmt::Debug> std::fmt::Debug for DeviceBuf<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "DeviceBuf({:?}, pooled: {})",
+            self.inner,
+            self.ret.is_some()
+        )
+    }
+}
+
+impl<T> Drop for DeviceBuf<T> {
+    fn drop(&mut self) {
+        if let (Some(ret), Some(b)) = (self.ret.take(), self.inner.take()) {
+            ret(b);
+        }
+    }
+}
+
+impl<T> DeviceBuf<T> {
+    fn kind(&self) -> &BufKind<T> {
+        self.inner.as_ref().expect("a live buffer holds its memory")
+    }
+
+    /// The memory, out of the pool's reach.
+    fn into_kind(mut self) -> Option<BufKind<T>> {
+        self.ret = None;
+        self.inner.take()
+    }
+
+    fn plain(b: BufKind<T>) -> Self {
+        DeviceBuf {
+            inner: Some(b),
+            ret: None,
+        }
+    }
+}
 
 #[derive(Debug)]
 enum BufKind<T> {
@@ -68,7 +153,7 @@ impl DeviceBackend {
         };
         claim("cuda")?;
         Ok(Arc::new(KernelBackend::with_launcher(
-            DeviceLauncher(Kind::Gpu(Arc::new(gpu))),
+            DeviceLauncher::new(Kind::Gpu(Arc::new(gpu))),
             "cuda",
         )))
     }
@@ -78,9 +163,80 @@ impl DeviceBackend {
     pub fn emulated(emu: &'static kernels_cuda::emu::Emu) -> Result<Arc<DeviceBackend>> {
         claim("cuda-emulated")?;
         Ok(Arc::new(KernelBackend::with_launcher(
-            DeviceLauncher(Kind::Emu(emu)),
+            DeviceLauncher::new(Kind::Emu(emu)),
             "cuda-emulated",
         )))
+    }
+}
+
+impl DeviceLauncher {
+    fn new(kind: Kind) -> Self {
+        DeviceLauncher {
+            kind,
+            pool: Arc::default(),
+        }
+    }
+
+    /// The buffer pool's counters so far.
+    pub fn pool_stats(&self) -> PoolStats {
+        PoolStats {
+            allocated: self.pool.allocated.load(Ordering::Relaxed),
+            reused: self.pool.reused.load(Ordering::Relaxed),
+        }
+    }
+
+    /// Frees every pooled buffer (the device memory goes back to the driver).
+    pub fn release_pool(&self) {
+        self.pool.free().clear();
+    }
+
+    fn alloc<T: Elem>(&self, n: usize) -> kernels_cuda::Result<BufKind<T>> {
+        let fresh = || -> kernels_cuda::Result<BufKind<T>> {
+            Ok(match &self.kind {
+                Kind::Gpu(g) => BufKind::Gpu(<GpuContext as Launcher>::zeros(g, n)?),
+                #[cfg(feature = "cuda-emu")]
+                Kind::Emu(e) => BufKind::Emu(e.zeros(n)?),
+            })
+        };
+        match fresh() {
+            // pooled buffers hold memory a new allocation may need: free them, try again
+            Err(KernelError::OutOfMemory { .. }) => {
+                self.release_pool();
+                fresh()
+            }
+            r => r,
+        }
+    }
+
+    /// A pooled f32 buffer of `n` zeros: a freed one of that length (zero-filled by
+    /// `nb_fill_scaled` from a zero scalar) or a new one.
+    fn pooled_f32(&self, n: usize) -> kernels_cuda::Result<DeviceBuf<f32>> {
+        let reuse = self.pool.free().get_mut(&n).and_then(Vec::pop);
+        let b = match reuse.map(|b| b.downcast::<BufKind<f32>>()) {
+            Some(Ok(b)) => {
+                self.pool.reused.fetch_add(1, Ordering::Relaxed);
+                let mut b = DeviceBuf::plain(*b);
+                let mut slot = self.pool.zero.lock().unwrap_or_else(|p| p.into_inner());
+                let zero = DeviceBuf::plain(match slot.take() {
+                    Some(z) => z,
+                    None => self.alloc::<f32>(1)?,
+                });
+                let r = self.fill_scaled(&zero, 0.0, (false, &mut b));
+                *slot = zero.into_kind();
+                r?;
+                b
+            }
+            _ => {
+                self.pool.allocated.fetch_add(1, Ordering::Relaxed);
+                DeviceBuf::plain(self.alloc::<f32>(n)?)
+            }
+        };
+        let pool = Arc::clone(&self.pool);
+        let mut b = b;
+        b.ret = Some(Box::new(move |k: BufKind<f32>| {
+            pool.free().entry(n).or_default().push(Box::new(k));
+        }));
+        Ok(b)
     }
 }
 
@@ -88,15 +244,15 @@ impl Launcher for DeviceLauncher {
     type Buf<T: Elem> = DeviceBuf<T>;
 
     fn zeros<T: Elem>(&self, n: usize) -> kernels_cuda::Result<DeviceBuf<T>> {
-        Ok(DeviceBuf(match &self.0 {
-            Kind::Gpu(g) => BufKind::Gpu(<GpuContext as Launcher>::zeros(g, n)?),
-            #[cfg(feature = "cuda-emu")]
-            Kind::Emu(e) => BufKind::Emu(e.zeros(n)?),
-        }))
+        if TypeId::of::<T>() == TypeId::of::<f32>() {
+            let b: Box<dyn Any> = Box::new(self.pooled_f32(n)?);
+            return Ok(*b.downcast::<DeviceBuf<T>>().expect("T is f32"));
+        }
+        Ok(DeviceBuf::plain(self.alloc(n)?))
     }
 
     fn upload<T: Elem>(&self, data: &[T]) -> kernels_cuda::Result<DeviceBuf<T>> {
-        Ok(DeviceBuf(match &self.0 {
+        Ok(DeviceBuf::plain(match &self.kind {
             Kind::Gpu(g) => BufKind::Gpu(<GpuContext as Launcher>::upload(g, data)?),
             #[cfg(feature = "cuda-emu")]
             Kind::Emu(e) => BufKind::Emu(e.upload(data)?),
@@ -104,7 +260,7 @@ impl Launcher for DeviceLauncher {
     }
 
     fn download<T: Elem>(&self, b: &DeviceBuf<T>) -> kernels_cuda::Result<Vec<T>> {
-        match (&self.0, &b.0) {
+        match (&self.kind, b.kind()) {
             (Kind::Gpu(g), BufKind::Gpu(b)) => <GpuContext as Launcher>::download(g, b),
             #[cfg(feature = "cuda-emu")]
             (Kind::Emu(e), BufKind::Emu(b)) => e.download(b),
@@ -114,7 +270,7 @@ impl Launcher for DeviceLauncher {
     }
 
     fn len<T: Elem>(&self, b: &DeviceBuf<T>) -> usize {
-        match (&self.0, &b.0) {
+        match (&self.kind, b.kind()) {
             (Kind::Gpu(g), BufKind::Gpu(b)) => <GpuContext as Launcher>::len(g, b),
             #[cfg(feature = "cuda-emu")]
             (Kind::Emu(e), BufKind::Emu(b)) => e.len(b),
@@ -126,7 +282,7 @@ impl Launcher for DeviceLauncher {
     fn ptr<T: Elem>(&self, b: &DeviceBuf<T>) -> u64 {
         // One kind of device per process (`claim`), so the kinds always agree; a null pointer
         // would be the answer otherwise.
-        match (&self.0, &b.0) {
+        match (&self.kind, b.kind()) {
             (Kind::Gpu(g), BufKind::Gpu(b)) => <GpuContext as Launcher>::ptr(g, b),
             #[cfg(feature = "cuda-emu")]
             (Kind::Emu(e), BufKind::Emu(b)) => e.ptr(b),
@@ -136,7 +292,7 @@ impl Launcher for DeviceLauncher {
     }
 
     fn grid_stride_blocks(&self, n: usize) -> u32 {
-        match &self.0 {
+        match &self.kind {
             Kind::Gpu(g) => <GpuContext as Launcher>::grid_stride_blocks(g, n),
             #[cfg(feature = "cuda-emu")]
             Kind::Emu(e) => e.grid_stride_blocks(n),
@@ -152,7 +308,7 @@ impl Launcher for DeviceLauncher {
         // SAFETY: forwarded with the caller's guarantees; the buffers' pointers came from this
         // launcher's kind (`ptr`).
         unsafe {
-            match &self.0 {
+            match &self.kind {
                 Kind::Gpu(g) => <GpuContext as Launcher>::launch(g, kernel, grid, args),
                 #[cfg(feature = "cuda-emu")]
                 Kind::Emu(e) => e.launch(kernel, grid, args),

@@ -55,6 +55,11 @@ impl<L: Launcher> KernelBackend<L> {
         KernelBackend { dev, name }
     }
 
+    /// The launcher (e.g. [`DeviceLauncher::pool_stats`](super::DeviceLauncher::pool_stats)).
+    pub fn launcher(&self) -> &L {
+        &self.dev
+    }
+
     /// A quantized GEMM operand: the row-major `[rows, cols]` tensor `x` quantized by `q`
     /// (NVFP4, MX or FP8, with its usage, key and `state`) and dequantized without the
     /// per-tensor factor into `out` in the copy's stored layout (columnwise: `[cols, rows]`);

@@ -33,7 +33,7 @@ mod optimizer;
 
 pub use crate::ops::device::linear_blocker;
 pub use cpu::CpuBackend;
-pub use device::{DeviceBackend, DeviceBuf, DeviceLauncher};
+pub use device::{DeviceBackend, DeviceBuf, DeviceLauncher, PoolStats};
 pub use error::BackendError;
 pub use kernels::{CudaBackend, KernelBackend};
 pub use kernels_cuda::train::AdamWCoeffs;

@@ -6,6 +6,7 @@
 
 pub mod matmul;
 pub mod optimizer;
+pub mod pool;
 pub mod quant_linear;
 
 use std::sync::Arc;
@@ -735,7 +736,7 @@ pub fn bad_input_is_a_typed_error<B: Backend>(e: &B) {
 }
 
 /// A one-block GPT (RMSNorm, RoPE, causal attention with one head, SwiGLU MLP, untied head).
-struct TinyModel {
+pub struct TinyModel {
     /// emb, n1, wq, wk, wv, wo, n2, w1, w3, w2, nf, head
     params: Vec<(Vec<f32>, Vec<usize>)>,
 }
@@ -777,7 +778,7 @@ fn tm_key(layer: u64, role: OperandRole) -> RngKey {
 }
 
 impl TinyModel {
-    fn new() -> Self {
+    pub fn new() -> Self {
         let (v, d, f) = (TM_V, TM_D, TM_F);
         let mat = |r: usize, c: usize, seed: u64| {
             (
@@ -824,7 +825,7 @@ impl TinyModel {
 
     /// The same `Graph` step on `dev` (its store moved there with `ParamStore::to_device`),
     /// or on the CPU.
-    fn graph_step_on(
+    pub fn graph_step_on(
         &self,
         policy: &quant::GemmPolicy,
         dev: Option<&Arc<DeviceBackend>>,
