@@ -70,6 +70,9 @@ on_gpu!(tiny_model_graph_step_on_device_matches_cpu, |_| {
 on_gpu!(device_graph_boundary, |_| k::device_graph_boundary(
     &device()
 ));
+on_gpu!(pool_reuses_device_buffers, |_| {
+    k::pool::pool_reuses_device_buffers(&device())
+});
 on_gpu!(matmul_matches_cpu_within_bound, |_| {
     k::matmul::matmul_matches_cpu_within_bound(&device())
 });

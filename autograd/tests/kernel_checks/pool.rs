@@ -13,10 +13,12 @@ fn stats(dev: &DeviceBackend) -> PoolStats {
     dev.launcher().pool_stats()
 }
 
-/// Two NVFP4 steps of the tiny model on `dev` (a backend of its own: fresh counters).
+/// Two NVFP4 steps of the tiny model on `dev` (no other test using it meanwhile).
 pub fn pool_reuses_device_buffers(dev: &Arc<DeviceBackend>) {
     let m = TinyModel::new();
     let p = GemmPolicy::nvfp4_paper();
+    // an empty pool (on a GPU the backend is shared by the tests, which run one at a time)
+    dev.launcher().release_pool();
     let s0 = stats(dev);
     let (l1, g1) = m.graph_step_on(&p, Some(dev)).unwrap();
     let s1 = stats(dev);
