@@ -110,6 +110,13 @@ fn pool_reuses_device_buffers() {
 }
 
 #[test]
+fn cached_attention_within_reference_bound() {
+    if let Some(d) = emu_device("cached_attention_within_reference_bound") {
+        k::cached_attention::cached_attention_within_reference_bound(&d);
+    }
+}
+
+#[test]
 fn layout_ops_are_bit_exact() {
     if let Some(d) = emu_device("layout_ops_are_bit_exact") {
         k::layout_ops_are_bit_exact(&d);

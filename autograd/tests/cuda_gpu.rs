@@ -73,6 +73,9 @@ on_gpu!(device_graph_boundary, |_| k::device_graph_boundary(
 on_gpu!(pool_reuses_device_buffers, |_| {
     k::pool::pool_reuses_device_buffers(&device())
 });
+on_gpu!(cached_attention_within_reference_bound, |_| {
+    k::cached_attention::cached_attention_within_reference_bound(&device())
+});
 on_gpu!(matmul_matches_cpu_within_bound, |_| {
     k::matmul::matmul_matches_cpu_within_bound(&device())
 });

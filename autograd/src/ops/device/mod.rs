@@ -4,13 +4,14 @@
 //! ops) and records a device backward closure. Ops without a CUDA kernel report
 //! [`Error::NoDeviceKernel`].
 
+mod attention_cached;
 mod elementwise;
 mod gemm;
 mod matmul;
+mod nn;
 
 pub use gemm::linear_blocker;
 pub(crate) use matmul::DevBmm;
-mod nn;
 
 use crate::backend::{Backend, DeviceBackend, DeviceBuf};
 use crate::graph::{Node, Value, Values};
