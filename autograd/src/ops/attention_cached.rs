@@ -44,9 +44,6 @@ impl Graph<'_> {
         past: usize,
     ) -> Result<Tensor> {
         let sq = self.shape(q)?;
-        if self.dev.is_some() {
-            return crate::ops::device::no_kernel("cached_attention");
-        }
         if sq.rank() != 4 {
             return shape_err(
                 "cached_attention",
@@ -68,6 +65,11 @@ impl Graph<'_> {
                     v_cache.len()
                 ),
             );
+        }
+        if self.dev.is_some() {
+            let shape = Shape::new(sq.dims())?;
+            let dims = (bh, tn, d);
+            return self.dev_cached_attention(q, (k_cache, v_cache), cap, past, dims, shape);
         }
         let mut out = self.alloc(sq.numel());
         let qv = self.values().get(q);
