@@ -423,7 +423,9 @@ fn run_rl_compare(c: RlCompareArgs) -> Result<()> {
     while !pending.is_empty() || !running.is_empty() {
         while running.len() < c.jobs && !pending.is_empty() {
             let r = pending.remove(0);
-            if r.dir.join("summary.json").is_file() {
+            // finished, or stopped by the divergence guard: a result either way (a stopped
+            // run resumed would stop at the same step again, bit for bit)
+            if r.dir.join("summary.json").is_file() || trainer::rl::compare::stopped(&r.dir) {
                 continue;
             }
             let mut cmd = Process::new(&exe);
@@ -466,7 +468,12 @@ fn run_rl_compare(c: RlCompareArgs) -> Result<()> {
                         r.correction.name(),
                         r.seed
                     );
-                    if !st.success() {
+                    if !st.success() && trainer::rl::compare::stopped(&r.dir) {
+                        eprintln!(
+                            "  stopped by the divergence guard: {}",
+                            r.dir.join(trainer::rl::compare::DIAGNOSIS_FILE).display()
+                        );
+                    } else if !st.success() {
                         failed.push(format!(
                             "{} {} seed {} (log: {})",
                             r.plan_name,

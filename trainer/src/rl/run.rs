@@ -55,7 +55,7 @@ pub const RL_RUN_FILES: &[&str] = &[
     "metrics.jsonl",
     "eval.jsonl",
     "summary.json",
-    "diagnosis.txt",
+    super::compare::DIAGNOSIS_FILE,
     "checkpoints",
     crate::data::TOKENIZER_FILE,
 ];
@@ -488,7 +488,7 @@ impl RlRun {
             .as_ref()
             .map(|p| p.display().to_string())
             .unwrap_or_else(|| "none".into());
-        let path = self.out.join("diagnosis.txt");
+        let path = self.out.join(super::compare::DIAGNOSIS_FILE);
         let text = format!(
             "RL run stopped at step {step}: {reason}\nlast good checkpoint: {last}\nplan: {}\ncorrection: {}\nresume with: trainer rl --resume {}\n",
             self.plan.name,
