@@ -317,6 +317,24 @@ fn an_rl_checkpoint_samples_exports_and_starts_another_rl_run() {
     let (model, tensors) = trainer::hf::load_hf(&hf).unwrap();
     assert_eq!(&model, ck.model());
     assert!(same_tensors(&tensors, &policy));
+    // an NVFP4 export calibrated on the data of the checkpoint RL started from; an error
+    // naming that checkpoint once it is gone
+    use fp_formats::checkpoint::{Layout, Scheme};
+    let calibrated = trainer::hf::ExportOptions {
+        quantize: Some((Scheme::Nvfp4, Layout::ModelOpt)),
+        calibrate: Some(1),
+        ..Default::default()
+    };
+    let report = trainer::hf::export(&out, &tmp.path().join("q"), &calibrated).unwrap();
+    assert!(report.quantized > 0);
+    let moved = tmp.path().join("pre-moved");
+    std::fs::rename(&from, &moved).unwrap();
+    let err = trainer::hf::export(&out, &tmp.path().join("q2"), &calibrated).unwrap_err();
+    assert!(
+        err.to_string().contains("the checkpoint RL started from"),
+        "{err}"
+    );
+    std::fs::rename(&moved, &from).unwrap();
 
     // a second RL run starts from the RL-tuned policy: its held-out pass rate before the
     // first step is the first run's after its last
