@@ -237,78 +237,23 @@ impl quant::QuantizerBackend for Emu {
         x: quant::MatRef<'_>,
         state: &mut quant::QuantState,
     ) -> Result<quant::QuantizedTensor> {
-        use crate::abi::{self, AmaxPass, Args, Dims, OutPtrs};
-        let (rows, cols) = (x.rows, x.cols);
-        let x = x.contiguous()?;
+        use crate::train_quant::{QuantBufs, QuantOps};
         if !matches!(q.spec().format, quant::QuantFormat::Nvfp4 { .. }) {
             return Err(KernelError::Unsupported(format!(
                 "the emulated quantizer runs NVFP4 only, not {:?}",
                 q.spec().format
             )));
         }
-        let dims = Dims { rows, cols };
-        let usage = q.usage();
-        let mut plan = match usage {
-            quant::Usage::Rowwise => abi::plan(dims, Some(q), None, state),
-            quant::Usage::Columnwise => abi::plan(dims, None, Some(q), state),
-        }?;
-        let s = plan.row.or(plan.col).expect("one side planned");
-        let (mut codes, mut scales) = (vec![0u8; s.codes_len], vec![0u8; s.scale_len]);
-        let mut amax = [0u32; 4];
-        let mut meta = [0f32; 2];
-        let out = OutPtrs {
-            codes: codes.as_mut_ptr() as u64,
-            scales: scales.as_mut_ptr() as u64,
-        };
-        let (row, col) = match usage {
-            quant::Usage::Rowwise => (out, OutPtrs::default()),
-            quant::Usage::Columnwise => (OutPtrs::default(), out),
-        };
-        plan.set_pointers(
-            x.as_ptr() as u64,
-            amax.as_mut_ptr() as u64,
-            meta.as_mut_ptr() as u64,
-            row,
-            col,
-        );
-        let Args::Nvfp4(args) = plan.args else {
-            unreachable!("an NVFP4 plan")
-        };
-        let n = rows * cols;
-        // SAFETY: every pointer refers to a live buffer of the size the plan asks for, and
-        // the argument lists match the kernels' parameters (emu/train.cpp).
-        unsafe {
-            match plan.amax_pass {
-                AmaxPass::None => {}
-                AmaxPass::Plain => self.launch(
-                    "nb_amax",
-                    (self.grid_stride_blocks(n.div_ceil(4)), 1),
-                    &[
-                        Arg::Ptr(x.as_ptr() as u64),
-                        Arg::U64(n as u64),
-                        Arg::Ptr(amax.as_mut_ptr() as u64),
-                    ],
-                )?,
-                AmaxPass::RhtCol => self.launch(
-                    "nb_amax_rht_col",
-                    (plan.amax_grid.0, plan.amax_grid.1),
-                    &[
-                        Arg::Ptr(x.as_ptr() as u64),
-                        Arg::I32(args.rows),
-                        Arg::I32(args.cols),
-                        Arg::U64(args.rht_mask as u64),
-                        Arg::Ptr(amax.as_mut_ptr() as u64),
-                    ],
-                )?,
-            }
-            self.launch(
-                "nb_nvfp4_quantize",
-                (plan.grid.0, plan.grid.1),
-                &[Arg::Ptr(&args as *const _ as u64)],
-            )?;
-        }
-        let (rv, cv) = plan.results(&amax, &meta)?;
-        Ok(s.host_tensor(codes, scales, rv.or(cv).expect("one side planned")))
+        let (rows, cols) = (x.rows, x.cols);
+        let x = self.upload(x.contiguous()?)?;
+        let QuantBufs {
+            codes,
+            scales,
+            side,
+            results,
+            ..
+        } = self.quantize_to_bufs(q, &x, (rows, cols), state)?;
+        Ok(side.host_tensor(self.download(&codes)?, self.download(&scales)?, results))
     }
 
     fn dequantize(&self, t: &quant::QuantizedTensor) -> Result<Vec<f32>> {

@@ -53,6 +53,36 @@ pub trait QuantOps: Launcher {
         state: &mut QuantState,
         out: &mut Self::Buf<f32>,
     ) -> Result<f32>;
+
+    /// Quantizes `x` as [`Self::fake_quantize`] does and returns the quantized copy in the
+    /// launcher's buffers (codes and scales laid out as [`quant::QuantizedTensor`]'s), with its
+    /// plan side and per-tensor results; `state` as there. The emulator's
+    /// [`QuantizerBackend`](quant::QuantizerBackend) downloads it with
+    /// [`abi::Side::host_tensor`].
+    ///
+    /// # Errors
+    /// As [`Self::fake_quantize`].
+    fn quantize_to_bufs(
+        &self,
+        q: &Quantizer,
+        x: &Self::Buf<f32>,
+        dims: (usize, usize),
+        state: &mut QuantState,
+    ) -> Result<QuantBufs<Self>>;
+}
+
+/// A quantized copy in a [`Launcher`]'s buffers ([`QuantOps::quantize_to_bufs`]).
+pub struct QuantBufs<L: Launcher + ?Sized> {
+    /// Packed codes (`side.codes_len` bytes).
+    pub codes: L::Buf<u8>,
+    /// Block scales (`side.scale_len` bytes; empty for per-tensor formats).
+    pub scales: L::Buf<u8>,
+    /// The planned side: shape, padding and format of the copy.
+    pub side: abi::Side,
+    /// The kernel arguments it was quantized with.
+    pub args: Args,
+    /// `(amax, tensor_scale_inv)`: the per-tensor results.
+    pub results: (f32, f32),
 }
 
 fn check_len(what: &str, got: usize, want: usize) -> Result<()> {
@@ -64,20 +94,22 @@ fn check_len(what: &str, got: usize, want: usize) -> Result<()> {
     Ok(())
 }
 
+/// `rows · cols`, checked against overflow.
+fn elements(rows: usize, cols: usize) -> Result<usize> {
+    rows.checked_mul(cols)
+        .ok_or_else(|| KernelError::InvalidArgument(format!("{rows} x {cols} overflows")))
+}
+
 impl<L: Launcher + ?Sized> QuantOps for L {
-    fn fake_quantize(
+    fn quantize_to_bufs(
         &self,
         q: &Quantizer,
         x: &Self::Buf<f32>,
         (rows, cols): (usize, usize),
         state: &mut QuantState,
-        out: &mut Self::Buf<f32>,
-    ) -> Result<f32> {
-        let n = rows
-            .checked_mul(cols)
-            .ok_or_else(|| KernelError::InvalidArgument(format!("{rows} x {cols} overflows")))?;
+    ) -> Result<QuantBufs<Self>> {
+        let n = elements(rows, cols)?;
         check_len("x", self.len(x), n)?;
-        check_len("out", self.len(out), n)?;
         let (row, col) = match q.usage() {
             Usage::Rowwise => (Some(q), None),
             Usage::Columnwise => (None, Some(q)),
@@ -140,7 +172,6 @@ impl<L: Launcher + ?Sized> QuantOps for L {
         let bits = self.download(&amax)?;
         let m = self.download(&meta)?;
         let (rv, cv) = plan.results(&bits, &m)?;
-        let (_, factor) = rv.or(cv).expect("one side planned");
         if let Args::Fp8(a) = plan.args {
             let amax = f32::from_bits(bits[0]);
             if plan.delayed_fp8 {
@@ -149,6 +180,33 @@ impl<L: Launcher + ?Sized> QuantOps for L {
             let scale = if plan.delayed_fp8 { a.host_scale } else { m[0] };
             *state = QuantState::restore(state.amax_history().to_vec(), state.scale(), amax, scale);
         }
+        Ok(QuantBufs {
+            codes,
+            scales,
+            side,
+            args: plan.args,
+            results: rv.or(cv).expect("one side planned"),
+        })
+    }
+
+    fn fake_quantize(
+        &self,
+        q: &Quantizer,
+        x: &Self::Buf<f32>,
+        (rows, cols): (usize, usize),
+        state: &mut QuantState,
+        out: &mut Self::Buf<f32>,
+    ) -> Result<f32> {
+        let n = elements(rows, cols)?;
+        check_len("x", self.len(x), n)?;
+        check_len("out", self.len(out), n)?;
+        let QuantBufs {
+            codes,
+            scales,
+            side,
+            args,
+            results: (_, factor),
+        } = self.quantize_to_bufs(q, x, (rows, cols), state)?;
         let (sr, sc, spc) = (side.rows, side.cols, side.padded_cols);
         let i = |v: usize| {
             i32::try_from(v).map_err(|_| KernelError::InvalidArgument(format!("{v} > i32")))
@@ -157,7 +215,7 @@ impl<L: Launcher + ?Sized> QuantOps for L {
         // SAFETY: the dequantization kernels read the codes and scales the quantization wrote
         // (sizes from the plan) and write `rows * cols` floats to `out` (checked above).
         unsafe {
-            match plan.args {
+            match args {
                 Args::Nvfp4(_) => self.launch(
                     "nb_nvfp4_dequantize",
                     (self.grid_stride_blocks(sr * spc / 2), 1),
