@@ -263,12 +263,7 @@ where
     S: Send + Default,
     P: Fn(usize, &mut [f32]) -> S + Sync,
 {
-    let kc = k.div_ceil(CHUNK);
-    let row_tiles = packed_row_tiles(rows);
-    let len = row_tiles * kc * TILE_WORDS;
-    if buf.len() < len {
-        buf.resize(len, 0);
-    }
+    let (kc, row_tiles, len) = tile_buffer(rows, k, buf);
     if len == 0 {
         return S::default();
     }
@@ -309,12 +304,7 @@ where
     S: Send + Default,
     P: Fn(usize, &mut [f32]) -> S + Sync,
 {
-    let kc = k.div_ceil(CHUNK);
-    let row_tiles = packed_row_tiles(rows);
-    let len = row_tiles * kc * TILE_WORDS;
-    if buf.len() < len {
-        buf.resize(len, 0);
-    }
+    let (kc, row_tiles, len) = tile_buffer(rows, k, buf);
     if len == 0 {
         return S::default();
     }
@@ -332,6 +322,18 @@ where
             })
         })
         .reduce(S::default, merge)
+}
+
+/// The tiles of an `[rows, k]` operand: `(⌈k / 32⌉, packed_row_tiles(rows), words)`, with
+/// `buf` grown to at least `words`.
+fn tile_buffer(rows: usize, k: usize, buf: &mut Vec<u32>) -> (usize, usize, usize) {
+    let kc = k.div_ceil(CHUNK);
+    let row_tiles = packed_row_tiles(rows);
+    let len = row_tiles * kc * TILE_WORDS;
+    if buf.len() < len {
+        buf.resize(len, 0);
+    }
+    (kc, row_tiles, len)
 }
 
 /// Runs `panel(start, dst)` on this thread's scratch (`len` elements) and then `pack` on
