@@ -7,24 +7,16 @@
 
 mod common;
 
-use common::{fp8_current_cases, fp8_delayed, mx_cases, nvfp4_cases, nvfp4_rht_cases, sweep, KEY};
+use common::{
+    fp8_current_cases, fp8_delayed, mx_cases, nvfp4_cases, nvfp4_rht_cases, shared_emu as emu,
+    sweep, KEY,
+};
 use fp_formats::mx::{MxElement, ScaleRule};
-use kernels_cuda::emu::{Emu, EmuError};
+use kernels_cuda::emu::Emu;
 use kernels_cuda::train::Launcher;
 use kernels_cuda::train_quant::QuantOps;
 use kernels_cuda::KernelError;
 use quant::{AmaxAlgo, Fp8Element, MatRef, OperandQuant, QuantState, Quantizer, Usage};
-
-fn emu(test: &str) -> Option<&'static Emu> {
-    match Emu::shared() {
-        Ok(e) => Some(e),
-        Err(e @ (EmuError::NoCompiler(_) | EmuError::NoCxx20(..))) => {
-            eprintln!("SKIP {test}: {e}");
-            None
-        }
-        Err(e) => panic!("{test}: {e}"),
-    }
-}
 
 /// Fake-quantizes `x` on the emulator and with quant (each from `state`), asserts the same
 /// bits, factor and final state, and returns the final state.

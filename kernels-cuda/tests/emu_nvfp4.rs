@@ -7,24 +7,13 @@
 
 mod common;
 
-use common::{assert_same, nvfp4_cases, nvfp4_rht_cases, sweep, KEY, USAGES};
+use common::{assert_same, nvfp4_cases, nvfp4_rht_cases, shared_emu as emu, sweep, KEY, USAGES};
 use fp_formats::mx::{MxElement, ScaleRule};
-use kernels_cuda::emu::{Emu, EmuError};
+use kernels_cuda::emu::Emu;
 use kernels_cuda::KernelError;
 use quant::{
     Cpu, MatRef, OperandQuant, QuantError, QuantState, Quantizer, QuantizerBackend, Usage,
 };
-
-fn emu(test: &str) -> Option<&'static Emu> {
-    match Emu::shared() {
-        Ok(e) => Some(e),
-        Err(e @ (EmuError::NoCompiler(_) | EmuError::NoCxx20(..))) => {
-            eprintln!("SKIP {test}: {e}");
-            None
-        }
-        Err(e) => panic!("{test}: {e}"),
-    }
-}
 
 fn check(e: &Emu, x: &[f32], rows: usize, cols: usize, usage: Usage, q: &OperandQuant, what: &str) {
     let qz = Quantizer::new(*q, usage).expect("valid").with_key(KEY);

@@ -2,6 +2,7 @@
 #![allow(dead_code)]
 
 use fp_formats::mx::{MxElement, ScaleRule};
+use kernels_cuda::emu::{Emu, EmuError};
 use quant::{
     AmaxAlgo, BlockShape, Fp8Element, Fp8Scaling, OperandQuant, QuantFormat, QuantizedTensor, Rht,
     RngKey, RoundingMode, Usage,
@@ -335,4 +336,17 @@ pub fn cpu_quantize(
 ) -> QuantizedTensor {
     let x = quant::MatRef::new(x, rows, cols).expect("shape");
     q.quantize(x, state).expect("cpu quantization")
+}
+
+/// The shared emulator (`Emu::shared`), or `None` with a SKIP line naming `test` when this
+/// machine has no C++20 compiler to build it; any other failure panics.
+pub fn shared_emu(test: &str) -> Option<&'static Emu> {
+    match Emu::shared() {
+        Ok(e) => Some(e),
+        Err(e @ (EmuError::NoCompiler(_) | EmuError::NoCxx20(..))) => {
+            eprintln!("SKIP {test}: {e}");
+            None
+        }
+        Err(e) => panic!("{test}: {e}"),
+    }
 }
