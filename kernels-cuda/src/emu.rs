@@ -203,6 +203,32 @@ impl Launcher for Emu {
         unsafe { f(grid.0, grid.1, slots.as_ptr()) };
         Ok(())
     }
+
+    unsafe fn launch_gemm_bf16(
+        &self,
+        g: &crate::train_tc::Bf16Gemm,
+        p: crate::train_tc::Bf16GemmPtrs,
+    ) -> Result<()> {
+        let (sa, sb) = g.stored();
+        let len = |(rows, cols): (usize, usize), v: crate::train_tc::Bf16View| {
+            if g.batch == 0 || rows == 0 || cols == 0 {
+                0
+            } else {
+                (g.batch - 1) * v.item + (rows - 1) * v.ld + cols
+            }
+        };
+        let (la, lb, lc) = (len(sa, g.a), len(sb, g.b), g.batch * g.m * g.n);
+        // SAFETY: the caller guarantees that the pointers cover what `g` reads and writes
+        // (exactly these extents); A and B are BF16 buffers, C an f32 buffer of its own.
+        let (a, b, c) = unsafe {
+            (
+                std::slice::from_raw_parts(p.a as *const u16, la),
+                std::slice::from_raw_parts(p.b as *const u16, lb),
+                std::slice::from_raw_parts_mut(p.c as *mut f32, lc),
+            )
+        };
+        crate::train_tc::reference(g, a, b, c)
+    }
 }
 
 /// The emulated GPU quantizer behind `quant`'s one interface, for NVFP4 (the format whose

@@ -27,6 +27,7 @@ use quant::{Fp8Element, QuantFormat};
 
 use crate::gpu::{Blas, GpuContext};
 use crate::quantize::DeviceQuantized;
+use crate::train_tc::{Bf16Gemm, Bf16GemmPtrs};
 use crate::{KernelError, Result};
 
 const WORKSPACE_BYTES: usize = 32 << 20;
@@ -38,21 +39,110 @@ struct BlockScales {
     ptr: u64,
 }
 
-/// One cuBLASLt matmul in the TN form of the module docs.
+/// One matrix of a cuBLASLt call in cuBLASLt's column-major terms: `rows x cols` with `ld`
+/// elements between columns and batch items `stride` elements apart.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct LtMat {
+    pub(crate) ptr: u64,
+    pub(crate) ty: sys::cudaDataType,
+    pub(crate) rows: u64,
+    pub(crate) cols: u64,
+    pub(crate) ld: i64,
+    pub(crate) stride: i64,
+}
+
+impl LtMat {
+    /// A row-major `[rows, cols]` matrix with `ld` elements between rows, seen column-major:
+    /// `[cols, rows]` with the same `ld`.
+    fn row_major(
+        ptr: u64,
+        ty: sys::cudaDataType,
+        (rows, cols): (usize, usize),
+        ld: usize,
+        stride: usize,
+    ) -> Self {
+        LtMat {
+            ptr,
+            ty,
+            rows: cols as u64,
+            cols: rows as u64,
+            ld: ld as i64,
+            stride: stride as i64,
+        }
+    }
+}
+
+/// One cuBLASLt matmul `D_i = alpha · op(A_i) · op(B_i) + beta · D_i` (column-major, `i <
+/// batch`, `D` doubling as `C`). Nibble's row-major `C[m, n] = op(A) · op(B)` is computed as
+/// `Cᵀ[n, m] = op(B)ᵀ · op(A)ᵀ`: cuBLASLt's "A" is our `B`, its "B" is our `A`.
 #[derive(Clone, Copy, Debug)]
-struct LtCall {
-    m: usize,
-    n: usize,
-    k: usize,
-    a: u64,
-    a_type: sys::cudaDataType,
-    b: u64,
-    b_type: sys::cudaDataType,
-    d: u64,
-    d_type: sys::cudaDataType,
-    alpha: f32,
+pub(crate) struct LtCall {
+    pub(crate) a: LtMat,
+    pub(crate) trans_a: bool,
+    pub(crate) b: LtMat,
+    pub(crate) trans_b: bool,
+    pub(crate) d: LtMat,
+    pub(crate) batch: i32,
+    pub(crate) alpha: f32,
+    pub(crate) beta: f32,
+    /// Block scales of cuBLASLt's "A" (our `B`) and "B" (our `A`).
     a_scales: Option<BlockScales>,
     b_scales: Option<BlockScales>,
+}
+
+impl LtCall {
+    /// The TN form of the module docs: `out[m, n] = alpha · A[m, k] · B[n, k]ᵀ`, both
+    /// operands row-major with K contiguous, `out` row-major.
+    #[allow(clippy::too_many_arguments)]
+    fn tn(
+        (m, n, k): (usize, usize, usize),
+        (pa, ta): (u64, sys::cudaDataType),
+        (pb, tb): (u64, sys::cudaDataType),
+        d: u64,
+        alpha: f32,
+    ) -> Self {
+        LtCall {
+            // our B [n, k] (column-major [k, n]), transposed
+            a: LtMat::row_major(pb, tb, (n, k), k, 0),
+            trans_a: true,
+            // our A [m, k] (column-major [k, m])
+            b: LtMat::row_major(pa, ta, (m, k), k, 0),
+            trans_b: false,
+            d: LtMat::row_major(d, sys::cudaDataType_t::CUDA_R_32F, (m, n), n, 0),
+            batch: 1,
+            alpha,
+            beta: 0.0,
+            a_scales: None,
+            b_scales: None,
+        }
+    }
+
+    /// The training GEMM [`Bf16Gemm`] (BF16 in, f32 out and accumulation, any transposition,
+    /// leading dimension and batch stride) as one call: cuBLASLt's "A" is our `B` stored
+    /// row-major (`op` = our transposition), its "B" our `A`, `D` our `C` seen column-major.
+    /// A pure function of the views (checked by [`Bf16Gemm::check`] first).
+    pub(crate) fn training(g: &Bf16Gemm, p: Bf16GemmPtrs) -> Self {
+        let bf = sys::cudaDataType_t::CUDA_R_16BF;
+        let (sa, sb) = g.stored();
+        LtCall {
+            a: LtMat::row_major(p.b, bf, sb, g.b.ld, g.b.item),
+            trans_a: g.b.trans,
+            b: LtMat::row_major(p.a, bf, sa, g.a.ld, g.a.item),
+            trans_b: g.a.trans,
+            d: LtMat::row_major(
+                p.c,
+                sys::cudaDataType_t::CUDA_R_32F,
+                (g.m, g.n),
+                g.n,
+                g.m * g.n,
+            ),
+            batch: g.batch as i32,
+            alpha: g.alpha,
+            beta: g.beta,
+            a_scales: None,
+            b_scales: None,
+        }
+    }
 }
 
 /// Destroys cuBLASLt descriptors on every exit path.
@@ -124,30 +214,39 @@ impl GpuContext {
         f(guard.as_mut().expect("cuBLASLt initialised"))
     }
 
-    /// Runs one TN matmul with `D = alpha · op(A) · op(B)` (beta = 0).
-    fn lt_matmul(&self, c: LtCall) -> Result<()> {
-        let (m, n, k) = (c.m as u64, c.n as u64, c.k as u64);
+    /// Runs one matmul `D = alpha · op(A) · op(B) + beta · D` ([`LtCall`]) with f32
+    /// accumulation (`CUBLAS_COMPUTE_32F`).
+    pub(crate) fn lt_matmul(&self, c: LtCall) -> Result<()> {
         self.with_blas(|blas| {
             let desc = lt::create_matmul_desc(sys::cublasComputeType_t::CUBLAS_COMPUTE_32F, sys::cudaDataType_t::CUDA_R_32F)?;
             let mut g = Guard { desc: vec![desc], layouts: Vec::new(), pref: Vec::new() };
             use sys::cublasLtMatmulDescAttributes_t as A;
-            set_desc(desc, A::CUBLASLT_MATMUL_DESC_TRANSA, &1i32)?;
-            set_desc(desc, A::CUBLASLT_MATMUL_DESC_TRANSB, &0i32)?;
-            // cuBLAS "A" is our B, cuBLAS "B" is our A.
-            if let Some(s) = c.b_scales {
+            set_desc(desc, A::CUBLASLT_MATMUL_DESC_TRANSA, &i32::from(c.trans_a))?;
+            set_desc(desc, A::CUBLASLT_MATMUL_DESC_TRANSB, &i32::from(c.trans_b))?;
+            if let Some(s) = c.a_scales {
                 set_desc(desc, A::CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &(s.mode as u32))?;
                 set_desc(desc, A::CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &s.ptr)?;
             }
-            if let Some(s) = c.a_scales {
+            if let Some(s) = c.b_scales {
                 set_desc(desc, A::CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &(s.mode as u32))?;
                 set_desc(desc, A::CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &s.ptr)?;
             }
-            let la = lt::create_matrix_layout(c.b_type, k, n, k as i64)?;
-            g.layouts.push(la);
-            let lb = lt::create_matrix_layout(c.a_type, k, m, k as i64)?;
-            g.layouts.push(lb);
-            let ld = lt::create_matrix_layout(c.d_type, n, m, n as i64)?;
-            g.layouts.push(ld);
+            let mut layout = |m: &LtMat| -> Result<sys::cublasLtMatrixLayout_t> {
+                let l = lt::create_matrix_layout(m.ty, m.rows, m.cols, m.ld)?;
+                g.layouts.push(l);
+                if c.batch != 1 {
+                    use sys::cublasLtMatrixLayoutAttribute_t as L;
+                    // SAFETY: an i32 and an i64 attribute of their documented sizes.
+                    unsafe {
+                        lt::set_matrix_layout_attribute(l, L::CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &c.batch as *const i32 as *const _, 4)?;
+                        lt::set_matrix_layout_attribute(l, L::CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &m.stride as *const i64 as *const _, 8)?;
+                    }
+                }
+                Ok(l)
+            };
+            let la = layout(&c.a)?;
+            let lb = layout(&c.b)?;
+            let ld = layout(&c.d)?;
             let pref = lt::create_matmul_pref()?;
             g.pref.push(pref);
             let ws = WORKSPACE_BYTES;
@@ -162,7 +261,6 @@ impl GpuContext {
             }
             // SAFETY: all descriptors are valid; the heuristic only reads them.
             let heur = unsafe { lt::get_matmul_algo_heuristic(blas.handle, desc, la, lb, ld, ld, pref)? };
-            let beta = 0.0f32;
             let (w, _sync) = blas.workspace.device_ptr(&self.stream);
             // SAFETY: the caller guarantees that the device pointers hold matrices of the
             // described shapes and types, alive until the stream reaches this GEMM.
@@ -171,14 +269,14 @@ impl GpuContext {
                     blas.handle,
                     desc,
                     &c.alpha as *const f32 as *const _,
-                    &beta as *const f32 as *const _,
-                    c.b as *const _,
+                    &c.beta as *const f32 as *const _,
+                    c.a.ptr as *const _,
                     la,
-                    c.a as *const _,
+                    c.b.ptr as *const _,
                     lb,
-                    c.d as *const _,
+                    c.d.ptr as *const _,
                     ld,
-                    c.d as *mut _,
+                    c.d.ptr as *mut _,
                     ld,
                     &heur.algo,
                     w as *mut _,
@@ -259,20 +357,7 @@ impl GpuContext {
         let (pb, _sb) = b.device_ptr(&self.stream);
         let (pd, _sd) = out.device_ptr_mut(&self.stream);
         let bf = sys::cudaDataType_t::CUDA_R_16BF;
-        self.lt_matmul(LtCall {
-            m,
-            n,
-            k,
-            a: pa,
-            a_type: bf,
-            b: pb,
-            b_type: bf,
-            d: pd,
-            d_type: sys::cudaDataType_t::CUDA_R_32F,
-            alpha,
-            a_scales: None,
-            b_scales: None,
-        })?;
+        self.lt_matmul(LtCall::tn((m, n, k), (pa, bf), (pb, bf), pd, alpha))?;
         drop((_sa, _sb, _sd));
         Ok(out)
     }
@@ -307,20 +392,14 @@ impl GpuContext {
         let (pa, _sa) = a.codes.device_ptr(&self.stream);
         let (pb, _sb) = b.codes.device_ptr(&self.stream);
         let (pd, _sd) = out.device_ptr_mut(&self.stream);
-        self.lt_matmul(LtCall {
-            m: a.rows,
-            n: b.rows,
-            k,
-            a: pa,
-            a_type: ta,
-            b: pb,
-            b_type: tb,
-            d: pd,
-            d_type: sys::cudaDataType_t::CUDA_R_32F,
-            alpha: a.tensor_scale_inv * b.tensor_scale_inv,
-            a_scales: None,
-            b_scales: None,
-        })?;
+        let alpha = a.tensor_scale_inv * b.tensor_scale_inv;
+        self.lt_matmul(LtCall::tn(
+            (a.rows, b.rows, k),
+            (pa, ta),
+            (pb, tb),
+            pd,
+            alpha,
+        ))?;
         drop((_sa, _sb, _sd));
         Ok(out)
     }
@@ -412,20 +491,17 @@ impl GpuContext {
         let (psa, _gsa) = sa.device_ptr(&self.stream);
         let (psb, _gsb) = sb.device_ptr(&self.stream);
         let (pd, _gd) = out.device_ptr_mut(&self.stream);
-        self.lt_matmul(LtCall {
-            m: a.rows,
-            n: b.rows,
-            k,
-            a: pa,
-            a_type: ty,
-            b: pb,
-            b_type: ty,
-            d: pd,
-            d_type: sys::cudaDataType_t::CUDA_R_32F,
-            alpha: a.tensor_scale_inv * b.tensor_scale_inv,
-            a_scales: Some(BlockScales { mode, ptr: psa }),
-            b_scales: Some(BlockScales { mode, ptr: psb }),
-        })?;
+        let mut call = LtCall::tn(
+            (a.rows, b.rows, k),
+            (pa, ty),
+            (pb, ty),
+            pd,
+            a.tensor_scale_inv * b.tensor_scale_inv,
+        );
+        // cuBLASLt's "A" is our B (module docs)
+        call.a_scales = Some(BlockScales { mode, ptr: psb });
+        call.b_scales = Some(BlockScales { mode, ptr: psa });
+        self.lt_matmul(call)?;
         drop((_ga, _gb, _gsa, _gsb, _gd));
         // The swizzled scales must live until the GEMM has run.
         self.stream.synchronize()?;
@@ -517,4 +593,144 @@ fn same_k(a: &DeviceQuantized, b: &DeviceQuantized) -> Result<usize> {
         ))));
     }
     Ok(a.cols)
+}
+
+#[cfg(test)]
+mod tests {
+    //! `LtCall::training` against the row-major reference: the call is executed on the host
+    //! with cuBLASLt's column-major semantics (op(A) = A or Aᵀ of a `rows x cols` matrix with
+    //! `ld` between columns, items `stride` apart), summing in K order as the reference does,
+    //! so every transposition, leading dimension, batch stride and β must give the same bits.
+    use super::*;
+    use crate::train_tc::{reference, Bf16View};
+
+    /// cuBLASLt's `D = α · op(A) · op(B) + β · D` on host slices.
+    fn run_lt(c: &LtCall, a: &[u16], b: &[u16], d: &mut [f32]) {
+        let at = |m: &LtMat, x: &[u16], t: bool, item: usize, r: usize, col: usize| {
+            let (r, col) = if t { (col, r) } else { (r, col) };
+            assert!(
+                (r as u64) < m.rows && (col as u64) < m.cols,
+                "inside the layout"
+            );
+            let i = item as i64 * m.stride + r as i64 + col as i64 * m.ld;
+            f32::from_bits(u32::from(x[i as usize]) << 16)
+        };
+        let op = |m: &LtMat, t: bool| {
+            if t {
+                (m.cols, m.rows)
+            } else {
+                (m.rows, m.cols)
+            }
+        };
+        let ((ar, ak), (bk, bc)) = (op(&c.a, c.trans_a), op(&c.b, c.trans_b));
+        assert_eq!((ak, ar, bc), (bk, c.d.rows, c.d.cols), "consistent shapes");
+        assert!(
+            c.d.ld >= c.d.rows as i64 && c.a.ld >= c.a.rows as i64 && c.b.ld >= c.b.rows as i64
+        );
+        for item in 0..c.batch as usize {
+            for col in 0..bc as usize {
+                for r in 0..ar as usize {
+                    let mut s = 0.0f32;
+                    for p in 0..ak as usize {
+                        s += at(&c.a, a, c.trans_a, item, r, p)
+                            * at(&c.b, b, c.trans_b, item, p, col);
+                    }
+                    let o = &mut d
+                        [(item as i64 * c.d.stride + r as i64 + col as i64 * c.d.ld) as usize];
+                    *o = if c.beta == 0.0 {
+                        c.alpha * s
+                    } else {
+                        c.alpha * s + c.beta * *o
+                    };
+                }
+            }
+        }
+    }
+
+    fn bits(n: usize, seed: u32) -> Vec<u16> {
+        (0..n as u32)
+            .map(|i| {
+                let x = ((i.wrapping_mul(2654435761) ^ seed.wrapping_mul(40503)) % 251) as f32;
+                crate::train_tc::bf16_bits_of((x - 125.0) / 37.0)
+            })
+            .collect()
+    }
+
+    #[test]
+    fn training_call_matches_the_reference_on_every_view() {
+        let (m, n, k) = (5, 3, 7);
+        let mut cases = 0;
+        for batch in [1usize, 3] {
+            for (ta, tb) in [(false, false), (false, true), (true, false), (true, true)] {
+                for pad in [0usize, 2] {
+                    for shared_b in [false, true] {
+                        for beta in [0.0f32, 1.0] {
+                            let view = |t: bool, (r, c): (usize, usize), shared: bool| {
+                                let (rows, cols) = if t { (c, r) } else { (r, c) };
+                                let ld = cols + pad;
+                                let item = if shared { 0 } else { rows * ld + pad };
+                                (
+                                    Bf16View { trans: t, ld, item },
+                                    (batch.max(1) - 1) * item + rows * ld,
+                                )
+                            };
+                            let (va, la) = view(ta, (m, k), false);
+                            let (vb, lb) = view(tb, (k, n), shared_b);
+                            let g = Bf16Gemm {
+                                batch,
+                                m,
+                                n,
+                                k,
+                                alpha: 0.75,
+                                beta,
+                                a: va,
+                                b: vb,
+                            };
+                            let (a, b) = (bits(la, 1), bits(lb, 2));
+                            let c0: Vec<f32> =
+                                (0..batch * m * n).map(|i| i as f32 * 0.25).collect();
+                            let mut want = c0.clone();
+                            reference(&g, &a, &b, &mut want).unwrap();
+                            let call = LtCall::training(&g, Bf16GemmPtrs { a: 1, b: 2, c: 3 });
+                            assert_eq!(
+                                (call.a.ptr, call.b.ptr, call.d.ptr),
+                                (2, 1, 3),
+                                "A and B swap"
+                            );
+                            let mut got = c0.clone();
+                            run_lt(&call, &b, &a, &mut got);
+                            assert_eq!(got, want, "{g:?}");
+                            cases += 1;
+                        }
+                    }
+                }
+            }
+        }
+        assert_eq!(cases, 64);
+    }
+
+    #[test]
+    fn tn_call_is_the_training_call_of_a_rowwise_and_a_transposed_operand() {
+        let bf = sys::cudaDataType_t::CUDA_R_16BF;
+        let t = LtCall::tn((4, 6, 8), (10, bf), (20, bf), 30, 2.0);
+        let g = Bf16Gemm::single((4, 6, 8), 2.0, Bf16View::rows(8), Bf16View::cols(8));
+        let p = Bf16GemmPtrs {
+            a: 10,
+            b: 20,
+            c: 30,
+        };
+        let mut r = LtCall::training(&g, p);
+        // one item: the batch stride is not read
+        r.d.stride = 0;
+        assert_eq!((t.a, t.b, t.d), (r.a, r.b, r.d));
+        assert_eq!(
+            (t.trans_a, t.trans_b, t.batch),
+            (r.trans_a, r.trans_b, r.batch)
+        );
+        assert_eq!(
+            (t.trans_a, t.trans_b),
+            (true, false),
+            "Nibble's TN is cuBLASLt's T, N"
+        );
+    }
 }

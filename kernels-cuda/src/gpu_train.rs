@@ -15,6 +15,7 @@ use crate::abi::Args;
 use crate::gpu::{jit_log, GpuContext, THREADS};
 use crate::ptx::Module;
 use crate::train::{Arg, Elem, Launcher};
+use crate::train_tc::{Bf16Gemm, Bf16GemmPtrs};
 use crate::{KernelError, Result};
 
 /// A device buffer of `len` elements (at least one is allocated).
@@ -39,6 +40,7 @@ const TRAIN_MODULES: [(Module, &[&str]); 12] = [
             "nb_amax_rht_col",
             "nb_nvfp4_quantize",
             "nb_nvfp4_dequantize",
+            "nb_f32_to_bf16",
         ],
     ),
     (crate::ptx::MX, &["nb_mx_quantize", "nb_mx_dequantize"]),
@@ -213,5 +215,9 @@ impl Launcher for GpuContext {
         // SAFETY: the caller guarantees the argument list matches and the pointers are valid.
         unsafe { b.launch(cfg)? };
         Ok(())
+    }
+
+    unsafe fn launch_gemm_bf16(&self, g: &Bf16Gemm, p: Bf16GemmPtrs) -> Result<()> {
+        self.lt_matmul(crate::gemm::LtCall::training(g, p))
     }
 }

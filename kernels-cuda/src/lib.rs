@@ -70,6 +70,7 @@ pub mod swizzle;
 pub mod train;
 pub mod train_bmm;
 pub mod train_quant;
+pub mod train_tc;
 
 pub use gpu::{DeviceMatrix, GpuContext};
 pub use gpu_train::{train_kernel_names, GpuBuf};

@@ -65,6 +65,7 @@ pub trait Elem:
 {
 }
 impl Elem for u8 {}
+impl Elem for u16 {}
 impl Elem for f32 {}
 impl Elem for f64 {}
 impl Elem for u32 {}
@@ -92,6 +93,17 @@ pub trait Launcher {
     /// `args` must match the kernel's parameter list and every pointer must be valid for the
     /// accesses the kernel makes with the other arguments.
     unsafe fn launch(&self, kernel: &'static str, grid: (u32, u32), args: &[Arg]) -> Result<()>;
+    /// Runs the tensor-core GEMM `g` ([`crate::train_tc`]): cuBLASLt on a GPU, the host
+    /// reference under the emulator.
+    ///
+    /// # Safety
+    /// `p.a` and `p.b` must hold BF16 operands and `p.c` f32 output covering every element
+    /// `g` reads and writes ([`crate::train_tc::Bf16Gemm::check`] against their lengths).
+    unsafe fn launch_gemm_bf16(
+        &self,
+        g: &crate::train_tc::Bf16Gemm,
+        p: crate::train_tc::Bf16GemmPtrs,
+    ) -> Result<()>;
 }
 
 /// The pointwise non-linearities of `cuda/activation.cu`.
@@ -1240,6 +1252,14 @@ impl<L: Launcher + ?Sized> Launcher for &L {
     unsafe fn launch(&self, kernel: &'static str, grid: (u32, u32), args: &[Arg]) -> Result<()> {
         // SAFETY: forwarded with the caller's guarantees.
         unsafe { (**self).launch(kernel, grid, args) }
+    }
+    unsafe fn launch_gemm_bf16(
+        &self,
+        g: &crate::train_tc::Bf16Gemm,
+        p: crate::train_tc::Bf16GemmPtrs,
+    ) -> Result<()> {
+        // SAFETY: forwarded with the caller's guarantees.
+        unsafe { (**self).launch_gemm_bf16(g, p) }
     }
 }
 

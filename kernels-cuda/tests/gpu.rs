@@ -970,3 +970,117 @@ fn block_scaled_gemm_is_blackwell_only() {
         assert!(matches!(r, Err(KernelError::Unsupported(_))), "{r:?}");
     }
 }
+
+/// The training step's tensor-core GEMM (`train_tc`: cuBLASLt, BF16 in, f32 accumulation,
+/// α and β) on every transposition, padded leading dimensions, batches with a shared operand
+/// and β = 1 against the host reference (`train_tc::reference`, K-order f32 sums) on the same
+/// BF16 operands: within `2 (K + 1) u |α| Σ|a·b| + u |β c|` per element (two f32 summation
+/// orders of exact products, plus the epilogue), `u = 2⁻²⁴`.
+#[test]
+fn training_bf16_gemm_matches_host_reference() {
+    use kernels_cuda::train::Launcher;
+    use kernels_cuda::train_tc::{reference, Bf16Gemm, Bf16View, TensorCoreOps};
+    let Some((g, _checks)) = gpu("training_bf16_gemm_matches_host_reference") else {
+        return;
+    };
+    let u = f64::powi(2.0, -24);
+    let mut worst = 0.0f64;
+    let shapes = [
+        (1usize, 256usize, 192usize, 768usize),
+        (3, 37, 50, 129),
+        (2, 64, 16, 1000),
+    ];
+    for (si, &(batch, m, n, k)) in shapes.iter().enumerate() {
+        for (ta, tb) in [(false, true), (false, false), (true, false), (true, true)] {
+            for (shared_b, beta) in [(false, 0.0f32), (true, 1.0)] {
+                let what =
+                    format!("{batch} x {m}x{n}x{k} ta {ta} tb {tb} shared {shared_b} beta {beta}");
+                soft(&what, || {
+                    let view = |t: bool, (r, c): (usize, usize), shared: bool, pad: usize| {
+                        let (rows, cols) = if t { (c, r) } else { (r, c) };
+                        let ld = cols + pad;
+                        let item = if shared { 0 } else { rows * ld };
+                        (
+                            Bf16View { trans: t, ld, item },
+                            (batch - 1) * item + rows * ld,
+                        )
+                    };
+                    let (va, la) = view(ta, (m, k), false, 0);
+                    let (vb, lb) = view(tb, (k, n), shared_b, 3);
+                    let spec = Bf16Gemm {
+                        batch,
+                        m,
+                        n,
+                        k,
+                        alpha: 0.375,
+                        beta,
+                        a: va,
+                        b: vb,
+                    };
+                    let normal = |n: usize, seed: u64| {
+                        let mut r = common::Rng(seed);
+                        (0..n).map(|_| r.normal()).collect::<Vec<f32>>()
+                    };
+                    let (xa, xb) = (normal(la, 40 + si as u64), normal(lb, 50 + si as u64));
+                    let ha: Vec<u16> = xa
+                        .iter()
+                        .map(|&x| kernels_cuda::train_tc::bf16_bits_of(x))
+                        .collect();
+                    let hb: Vec<u16> = xb
+                        .iter()
+                        .map(|&x| kernels_cuda::train_tc::bf16_bits_of(x))
+                        .collect();
+                    let c0: Vec<f32> = normal(batch * m * n, 60);
+                    let (da, db) = (
+                        Launcher::upload(g, &xa).unwrap(),
+                        Launcher::upload(g, &xb).unwrap(),
+                    );
+                    let (mut a16, mut b16) = (
+                        Launcher::zeros::<u16>(g, la).unwrap(),
+                        Launcher::zeros::<u16>(g, lb).unwrap(),
+                    );
+                    g.to_bf16_bits(&da, &mut a16).unwrap();
+                    g.to_bf16_bits(&db, &mut b16).unwrap();
+                    assert_eq!(
+                        Launcher::download(g, &a16).unwrap(),
+                        ha,
+                        "nb_f32_to_bf16 = quant's RNE"
+                    );
+                    assert_eq!(
+                        Launcher::download(g, &b16).unwrap(),
+                        hb,
+                        "nb_f32_to_bf16 = quant's RNE"
+                    );
+                    let mut dc = Launcher::upload(g, &c0).unwrap();
+                    g.gemm_tc(&spec, &a16, &b16, &mut dc).unwrap();
+                    let got = Launcher::download(g, &dc).unwrap();
+                    let mut want = c0.clone();
+                    reference(&spec, &ha, &hb, &mut want).unwrap();
+                    // Σ|a·b| per element through the reference with |operands|
+                    let abs = |h: &[u16]| h.iter().map(|&b| b & 0x7fff).collect::<Vec<u16>>();
+                    let mut s = vec![0.0f32; want.len()];
+                    let mut sg = spec;
+                    sg.alpha = 1.0;
+                    sg.beta = 0.0;
+                    reference(&sg, &abs(&ha), &abs(&hb), &mut s).unwrap();
+                    for i in 0..want.len() {
+                        let bound = 2.0 * (k as f64 + 1.0) * u * (0.375 * s[i] as f64) * 1.01
+                            + u * (beta as f64 * c0[i] as f64).abs()
+                            + u * (want[i] as f64).abs();
+                        let d = (got[i] as f64 - want[i] as f64).abs();
+                        assert!(
+                            d <= bound,
+                            "{what}[{i}]: cuBLASLt {} vs reference {}: {d:e} > {bound:e}",
+                            got[i],
+                            want[i]
+                        );
+                        if bound > 0.0 {
+                            worst = worst.max(d / bound);
+                        }
+                    }
+                });
+            }
+        }
+    }
+    eprintln!("training BF16 GEMM: worst |cuBLASLt - reference| / bound {worst:.3}");
+}

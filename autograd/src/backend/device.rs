@@ -315,6 +315,21 @@ impl Launcher for DeviceLauncher {
             }
         }
     }
+
+    unsafe fn launch_gemm_bf16(
+        &self,
+        g: &kernels_cuda::train_tc::Bf16Gemm,
+        p: kernels_cuda::train_tc::Bf16GemmPtrs,
+    ) -> kernels_cuda::Result<()> {
+        // SAFETY: forwarded with the caller's guarantees (pointers of this launcher's kind).
+        unsafe {
+            match &self.kind {
+                Kind::Gpu(g2) => <GpuContext as Launcher>::launch_gemm_bf16(g2, g, p),
+                #[cfg(feature = "cuda-emu")]
+                Kind::Emu(e) => e.launch_gemm_bf16(g, p),
+            }
+        }
+    }
 }
 
 #[cfg(feature = "cuda-emu")]

@@ -98,6 +98,38 @@ impl<L: Launcher> KernelBackend<L> {
     }
 }
 
+impl<L: Launcher> KernelBackend<L> {
+    /// A new buffer of `x` rounded to BF16 bits (nearest even, `nb_f32_to_bf16`): exact on
+    /// values that are already BF16 (quantized operands without their per-tensor factor).
+    ///
+    /// # Errors
+    /// Allocation failures.
+    pub fn to_bf16(&self, x: &L::Buf<f32>) -> Result<L::Buf<u16>> {
+        use kernels_cuda::train_tc::TensorCoreOps;
+        let mut out = self.dev.zeros::<u16>(self.dev.len(x))?;
+        self.dev.to_bf16_bits(x, &mut out)?;
+        Ok(out)
+    }
+
+    /// The tensor-core GEMM `c_i = α · op(a_i) · op(b_i) + β · c_i` on BF16 operands with
+    /// f32 accumulation (`kernels_cuda::train_tc`: cuBLASLt on a GPU, its host reference
+    /// under the emulator).
+    ///
+    /// # Errors
+    /// Views that do not fit the buffers ([`Bf16Gemm::check`](kernels_cuda::train_tc::Bf16Gemm::check)),
+    /// cuBLASLt failures.
+    pub fn gemm_bf16(
+        &self,
+        g: &kernels_cuda::train_tc::Bf16Gemm,
+        a: &L::Buf<u16>,
+        b: &L::Buf<u16>,
+        c: &mut L::Buf<f32>,
+    ) -> Result<()> {
+        use kernels_cuda::train_tc::TensorCoreOps;
+        Ok(self.dev.gemm_tc(g, a, b, c)?)
+    }
+}
+
 fn act(k: Act) -> Activation {
     match k {
         Act::Gelu => Activation::Gelu,

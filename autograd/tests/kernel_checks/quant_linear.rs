@@ -1,5 +1,6 @@
 //! The quantized linear layer on the device (`ops/device/gemm.rs`) against the CPU layer on
-//! identical inputs, for every built-in policy that quantizes below BF16.
+//! identical inputs, for BF16 and every built-in policy that quantizes below BF16 (all of them
+//! on the tensor-core GEMM: `kernels_cuda::train_tc`, whose emulated form sums in K order).
 //!
 //! With identical `x`, `W` and `dY`, every quantized operand is bit-for-bit the CPU's (the
 //! quantizer kernels reproduce quant: `kernels-cuda/tests/emu_fake_quantize.rs`), so the two
@@ -149,7 +150,7 @@ fn within(what: &str, got: &[f32], want: &[f32], s: &[f64], k: usize, extra: &[f
 /// Every quantized built-in policy, two steps each: the device layer equals the CPU layer on
 /// identical inputs within the accumulation-order bound derived in the module docs.
 pub fn quantized_linear_matches_cpu_layer(dev: &Arc<DeviceBackend>) {
-    for name in ["nvfp4", "mxfp8", "mxfp4", "fp8-current", "fp8-delayed"] {
+    for name in ["bf16", "nvfp4", "mxfp8", "mxfp4", "fp8-current", "fp8-delayed"] {
         let p = GemmPolicy::preset(name).unwrap();
         let cpu = run(&p, None, 2);
         let gpu = run(&p, Some(dev), 2);

@@ -4,9 +4,13 @@
 //! NVFP4 (1x16 or 16x16 scales, RNE or stochastic rounding, the Hadamard transform on the
 //! Wgrad operands) by `kernels-cuda`'s quantizer kernels under the same Philox keys
 //! (`gemm_stream(layer, role, step)`), dequantized exactly without the per-tensor factor: the
-//! values and factors of quant's `fake_quantize_into`, bit for bit. The GEMM is the device's
-//! f32 GEMM with the two factors as its `alpha`; every product is exact (BF16-exact values), so
-//! only the accumulation order differs from the CPU's BF16 / f32 GEMM.
+//! values and factors of quant's `fake_quantize_into`, bit for bit. When both operands of a
+//! GEMM are exactly BF16 (BF16-rounded, or quantized without the per-tensor factor), they are
+//! converted to BF16 bits (`nb_f32_to_bf16`; exact on such values) and multiplied by the
+//! tensor-core GEMM (`kernels_cuda::train_tc`: cuBLASLt, f32 accumulation, the two factors as
+//! its `alpha`); with an FP32 operand the GEMM is the device's fixed-order f32 `nb_sgemm`.
+//! Every product is exact, so only the accumulation order differs from the CPU's BF16 / f32
+//! GEMM.
 //!
 //! Where the CPU quantizes W once and uses its transpose for Dgrad (a transpose-exact
 //! quantizer), the device quantizes the columnwise copy: the same bits (quant's
@@ -14,8 +18,10 @@
 
 use quant::{GemmPolicy, OperandQuant, QuantFormat, QuantState, Quantizer, Usage};
 
+use kernels_cuda::train_tc::{Bf16Gemm, Bf16View};
+
 use super::{dev_backward, no_kernel, DBuf};
-use crate::backend::{Backend, DeviceBackend};
+use crate::backend::{Backend, DeviceBackend, DeviceBuf};
 use crate::quant_state::{key, st2, LinearQuantState, OperandRole};
 use crate::{Graph, Result, Shape, Tensor};
 
@@ -113,10 +119,17 @@ impl Slots {
     }
 }
 
-/// A formed operand: its buffer, whether that buffer is `[outer, K]` (the GEMM's TN layout:
-/// a quantized copy, or a rowwise tensor) rather than `[K, outer]`, and its factor.
+/// A formed operand's values: f32 (the tensor itself, or BF16-exact values for the f32
+/// GEMM), or BF16 bits for the tensor-core GEMM.
+enum Vals<'a> {
+    F32(&'a DBuf),
+    Bf16(DeviceBuf<u16>),
+}
+
+/// A formed operand: its values, whether they are `[outer, K]` (the GEMM's TN layout: a
+/// quantized copy, or a rowwise tensor) rather than `[K, outer]`, and its factor.
 struct Operand<'a> {
-    buf: &'a DBuf,
+    vals: Vals<'a>,
     tn: bool,
     factor: f32,
 }
@@ -129,8 +142,18 @@ struct Keys {
     stream: u64,
 }
 
+/// Whether the GEMM of slots `a` and `b` over `(m, n, k)` runs on the tensor-core BF16 GEMM:
+/// both operands are exactly BF16 (BF16-rounded, or quantized without their per-tensor
+/// factor) and no dimension is empty.
+fn on_tensor_cores(a: Slot, b: Slot, (m, n, k): (usize, usize, usize)) -> bool {
+    a.form != Form::AsIs && b.form != Form::AsIs && m * n * k > 0
+}
+
 /// Forms the operand of `slot` from `x` (row-major `[rows, cols]`, the tensor before any
-/// transposition); `keep` holds a new buffer.
+/// transposition), as BF16 bits when `tc` (the values are exactly BF16, so the conversion is
+/// exact; a BF16 operand converts with nearest-even rounding, the same bits as `round_bf16`
+/// then converting); `keep` holds a new f32 buffer.
+#[allow(clippy::too_many_arguments)]
 fn form<'a>(
     be: &DeviceBackend,
     x: &'a DBuf,
@@ -139,39 +162,34 @@ fn form<'a>(
     keys: Keys,
     state: &mut QuantState,
     keep: &'a mut Option<DBuf>,
+    tc: bool,
 ) -> Result<Operand<'a>> {
     let rowwise = slot.usage == Usage::Rowwise;
-    match slot.form {
-        Form::AsIs => Ok(Operand {
-            buf: x,
-            tn: rowwise,
-            factor: 1.0,
-        }),
+    let (vals, tn, factor) = match slot.form {
+        Form::AsIs => (Vals::F32(x), rowwise, 1.0),
+        Form::Bf16 if tc => (Vals::Bf16(be.to_bf16(x)?), rowwise, 1.0),
         Form::Bf16 => {
             let mut r = be.zeros(be.len(x))?;
             be.round_bf16(x, &mut r)?;
-            Ok(Operand {
-                buf: keep.insert(r),
-                tn: rowwise,
-                factor: 1.0,
-            })
+            (Vals::F32(keep.insert(r)), rowwise, 1.0)
         }
         Form::Quantized => {
             let k = key(keys.seed, keys.stream, slot.role, keys.step)?;
             let qz = Quantizer::new(slot.q, slot.usage)?.with_key(k);
             let mut r = be.zeros(be.len(x))?;
             let factor = be.fake_quantize(&qz, x, dims, state, &mut r)?;
-            Ok(Operand {
-                buf: keep.insert(r),
-                tn: true,
-                factor,
-            })
+            if tc {
+                (Vals::Bf16(be.to_bf16(&r)?), true, factor)
+            } else {
+                (Vals::F32(keep.insert(r)), true, factor)
+            }
         }
-    }
+    };
+    Ok(Operand { vals, tn, factor })
 }
 
-/// `c (+)= op(A) · op(B)ᵀ · (f_A · f_B)` for the TN GEMM `c[m, n] = A[m, K] · B[n, K]ᵀ`.
-#[allow(clippy::too_many_arguments)]
+/// `c (+)= op(A) · op(B)ᵀ · (f_A · f_B)` for the TN GEMM `c[m, n] = A[m, K] · B[n, K]ᵀ`: the
+/// tensor-core BF16 GEMM on BF16 operands, the f32 GEMM otherwise.
 fn tn_gemm(
     be: &DeviceBackend,
     (m, n, k): (usize, usize, usize),
@@ -181,7 +199,39 @@ fn tn_gemm(
     c: &mut DBuf,
 ) -> Result<()> {
     let alpha = a.factor * b.factor;
-    Ok(be.gemm(m, n, k, alpha, a.buf, !a.tn, b.buf, b.tn, beta, c)?)
+    match (&a.vals, &b.vals) {
+        (Vals::Bf16(ab), Vals::Bf16(bb)) => {
+            // op(A) = A[m, K] (TN) or the transpose of [K, m]; op(B) = B[n, K]ᵀ (TN) or [K, n]
+            let va = if a.tn {
+                Bf16View::rows(k)
+            } else {
+                Bf16View::cols(m)
+            };
+            let vb = if b.tn {
+                Bf16View::cols(k)
+            } else {
+                Bf16View::rows(n)
+            };
+            let g = Bf16Gemm {
+                beta,
+                ..Bf16Gemm::single((m, n, k), alpha, va, vb)
+            };
+            Ok(be.gemm_bf16(&g, ab, bb, c)?)
+        }
+        (Vals::F32(ab), Vals::F32(bb)) => {
+            Ok(be.gemm(m, n, k, alpha, ab, !a.tn, bb, b.tn, beta, c)?)
+        }
+        _ => unreachable_mixed(),
+    }
+}
+
+/// Both operands of a GEMM are formed with the same `tc` flag, so they never mix.
+fn unreachable_mixed() -> Result<()> {
+    Err(crate::Error::Device(
+        crate::backend::BackendError::InvalidArgument(
+            "linear: a BF16 operand paired with an f32 one".into(),
+        ),
+    ))
 }
 
 impl Graph<'_> {
@@ -226,8 +276,9 @@ impl Graph<'_> {
         state.policy = Some(*policy);
         let (sa, sb) = st2(state, OperandRole::FpropX, OperandRole::FpropW);
         let (mut kx, mut kw) = (None, None);
-        let xa = form(&be, v.dev(x)?, (m, n_in), s.fx, keys, sa, &mut kx)?;
-        let wb = form(&be, v.dev(w)?, (n_out, n_in), s.fw, keys, sb, &mut kw)?;
+        let tc = on_tensor_cores(s.fx, s.fw, (m, n_out, n_in));
+        let xa = form(&be, v.dev(x)?, (m, n_in), s.fx, keys, sa, &mut kx, tc)?;
+        let wb = form(&be, v.dev(w)?, (n_out, n_in), s.fw, keys, sb, &mut kw, tc)?;
         let mut y = be.zeros(m * n_out)?;
         tn_gemm(&be, (m, n_out, n_in), &xa, &wb, 0.0, &mut y)?;
         if let Some(b) = bias {
@@ -248,8 +299,10 @@ impl Graph<'_> {
                     if let Some(mut g) = ctx.take(x)? {
                         let (sa, sb) = st2(&mut st, OperandRole::DgradDy, OperandRole::DgradW);
                         let (mut k1, mut k2) = (None, None);
-                        let dya = form(be, dy, (m, n_out), s.dy, keys, sa, &mut k1)?;
-                        let wc = form(be, ctx.val(w)?, (n_out, n_in), s.dw, keys, sb, &mut k2)?;
+                        let tc = on_tensor_cores(s.dy, s.dw, (m, n_in, n_out));
+                        let dya = form(be, dy, (m, n_out), s.dy, keys, sa, &mut k1, tc)?;
+                        let wv = ctx.val(w)?;
+                        let wc = form(be, wv, (n_out, n_in), s.dw, keys, sb, &mut k2, tc)?;
                         let beta = g.beta();
                         tn_gemm(be, (m, n_in, n_out), &dya, &wc, beta, &mut g.buf)?;
                         ctx.put(x, g)?;
@@ -257,8 +310,10 @@ impl Graph<'_> {
                     if let Some(mut g) = ctx.take(w)? {
                         let (sa, sb) = st2(&mut st, OperandRole::WgradDy, OperandRole::WgradX);
                         let (mut k1, mut k2) = (None, None);
-                        let dyc = form(be, dy, (m, n_out), s.wdy, keys, sa, &mut k1)?;
-                        let xc = form(be, ctx.val(x)?, (m, n_in), s.wx, keys, sb, &mut k2)?;
+                        let tc = on_tensor_cores(s.wdy, s.wx, (n_out, n_in, m));
+                        let dyc = form(be, dy, (m, n_out), s.wdy, keys, sa, &mut k1, tc)?;
+                        let xv = ctx.val(x)?;
+                        let xc = form(be, xv, (m, n_in), s.wx, keys, sb, &mut k2, tc)?;
                         let beta = g.beta();
                         tn_gemm(be, (n_out, n_in, m), &dyc, &xc, beta, &mut g.buf)?;
                         ctx.put(w, g)?;
