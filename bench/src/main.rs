@@ -60,6 +60,10 @@ enum Cmd {
     },
     /// Training step time per recipe on the default model, and FP32 thread scaling.
     Steps {
+        /// Model preset: the default model (`small`) gives the gated ratios and the thread
+        /// scaling; another preset (`base`) gives reported `step_<preset>/...` figures only.
+        #[arg(long, default_value = steps::PRESET)]
+        preset: String,
         /// Rounds of one step per recipe (interleaved in one 2-thread process).
         #[arg(long, default_value_t = 10)]
         rounds: usize,
@@ -238,14 +242,19 @@ fn main() -> Result<()> {
             )
         }
         Cmd::Steps {
+            preset,
             rounds,
             scaling_rounds,
             json,
         } => {
-            let metrics = steps::suite(rounds.max(1), scaling_rounds.max(1))?;
+            let metrics = if preset == steps::PRESET {
+                steps::suite(rounds.max(1), scaling_rounds.max(1))?
+            } else {
+                steps::preset_suite(&preset, rounds.max(1))?
+            };
             write(
                 &SuiteReport {
-                    suite: "steps".into(),
+                    suite: format!("steps-{preset}"),
                     rounds,
                     metrics,
                 },

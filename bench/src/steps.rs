@@ -93,6 +93,7 @@ pub fn child(
 }
 
 fn run_child(
+    preset: &str,
     recipes: &[&str],
     threads: usize,
     warmup: usize,
@@ -100,7 +101,7 @@ fn run_child(
 ) -> Result<ChildResult> {
     let exe = std::env::current_exe().context("locating the bench binary")?;
     let out = Command::new(exe)
-        .args(["step", "--recipes", &recipes.join(",")])
+        .args(["step", "--preset", preset, "--recipes", &recipes.join(",")])
         .args(["--threads", &threads.to_string()])
         .args(["--warmup", &warmup.to_string()])
         .args(["--rounds", &rounds.to_string()])
@@ -120,7 +121,7 @@ fn run_child(
 /// Parent: the recipe comparison (`rounds` rounds in one 2-thread child) and the thread
 /// scaling (`scaling_rounds` pairs of 1- and 2-thread FP32 children), then the metrics.
 pub fn suite(rounds: usize, scaling_rounds: usize) -> Result<Vec<Metric>> {
-    let res = run_child(RECIPES, 2, 1, rounds)?;
+    let res = run_child(PRESET, RECIPES, 2, 1, rounds)?;
     let r = Rounds::from_times(RECIPES.to_vec(), res.secs);
     let tokens = res.tokens_per_step;
     let mut out = Vec::new();
@@ -159,7 +160,7 @@ pub fn suite(rounds: usize, scaling_rounds: usize) -> Result<Vec<Metric>> {
     for round in 0..scaling_rounds {
         for k in 0..2 {
             let i = (k + round) % 2;
-            let c = run_child(&["fp32"], i + 1, 1, 3)?;
+            let c = run_child(PRESET, &["fp32"], i + 1, 1, 3)?;
             per[i].push(median_and_spread(&c.secs[0]).0);
         }
     }
@@ -174,5 +175,38 @@ pub fn suite(rounds: usize, scaling_rounds: usize) -> Result<Vec<Metric>> {
         Better::Higher,
         format!("1-thread step time / 2-thread step time (alternating child processes), {what}"),
     ));
+    Ok(out)
+}
+
+/// Another preset's steps per recipe (`base`: the larger model the goals name), in
+/// one 2-thread child, reported, not gated: `step_<preset>/<recipe>/{ms,vs_fp32}`. A `base`
+/// step is about ten times the default model's, so a gated figure would cost CI minutes.
+pub fn preset_suite(preset: &str, rounds: usize) -> Result<Vec<Metric>> {
+    let res = run_child(preset, RECIPES, 2, 1, rounds)?;
+    let r = Rounds::from_times(RECIPES.to_vec(), res.secs);
+    let what = format!(
+        "trainer preset `{preset}` on the embedded corpus, {} tokens/step, fwd+bwd+clip+AdamW, 2 threads",
+        res.tokens_per_step
+    );
+    let mut out = Vec::new();
+    for &recipe in RECIPES {
+        let ms = 1e3 * r.median_secs(recipe);
+        eprintln!("  {preset} {recipe:<12} {ms:8.1} ms/step (median of {rounds}, 2 threads)");
+        out.push(Metric::absolute(
+            format!("step_{preset}/{recipe}/ms"),
+            ms,
+            "ms",
+            Better::Lower,
+            format!("median step time, {what}"),
+        ));
+        if recipe != "fp32" {
+            out.push(Metric::reported_ratio(
+                format!("step_{preset}/{recipe}/vs_fp32"),
+                r.ratio(recipe, "fp32"),
+                Better::Lower,
+                format!("step time / FP32 step time (steps interleaved in one process), {what}"),
+            ));
+        }
+    }
     Ok(out)
 }

@@ -231,6 +231,8 @@ pub fn readme_section(run: &RunInfo, metrics: &[Metric], skipped: &[(String, Str
     if let Some(x) = find(metrics, "step/fp32/speedup_2t") {
         let _ = writeln!(s, "\nFP32 step, 2 threads over 1: {x:.2}x.");
     }
+    base_steps(&mut s, metrics);
+    gemms(&mut s, metrics);
     let _ = writeln!(
         s,
         "\nKernels, one thread: speed on an in-cache 256x256 f32 tensor as a multiple of the compute probe's (gated), instructions per element from callgrind (gated), and on a 4096x4096 tensor in GB/s of f32 and as a multiple of a memcpy of it (reported; memcpy {} GB/s, probe {} Gelem/s here):\n\n| kernel | x probe (in cache) | instructions/element | GB/s of f32 | x memcpy |\n|---|---:|---:|---:|---:|",
@@ -266,6 +268,79 @@ pub fn readme_section(run: &RunInfo, metrics: &[Metric], skipped: &[(String, Str
     s
 }
 
+/// The `base` preset's steps (full run only).
+fn base_steps(s: &mut String, metrics: &[Metric]) {
+    let Some(fp32) = find(metrics, "step_base/fp32/ms") else {
+        return;
+    };
+    let _ = write!(
+        s,
+        "\nTraining step of the `base` preset (reported), 2 threads, step time / FP32 ({fp32:.0} ms):"
+    );
+    for r in ["bf16", "fp8-current", "mxfp8", "nvfp4"] {
+        if let Some(x) = find(metrics, &format!("step_base/{r}/vs_fp32")) {
+            let _ = write!(s, " {r} {x:.2},");
+        }
+    }
+    s.pop();
+    s.push_str(".\n");
+}
+
+/// The GEMMs on the training shapes against their instructions' peaks (full run only).
+fn gemms(s: &mut String, metrics: &[Metric]) {
+    let shapes: Vec<&str> = metrics
+        .iter()
+        .filter_map(|m| m.name.strip_prefix("quant/gemm_f32_"))
+        .filter_map(|rest| rest.strip_suffix("/gflops_1t"))
+        .collect();
+    if shapes.is_empty() {
+        return;
+    }
+    let peak = |unit: &str, t: u32| find(metrics, &format!("machine/peak_{unit}/gflops_{t}t"));
+    let _ = writeln!(
+        s,
+        "\nGEMMs on the training shapes (reported), GFLOP/s and fraction of the instruction's measured peak (f32: FP32 FMA; the others: AMX-BF16 where present, else FP32 FMA), 1 / 2 threads; the NVFP4 and MXFP8 GEMMs include quantizing their f32 operands. Peaks here: FP32 FMA {} / {}, `vdpbf16ps` {} / {}, AMX-BF16 {} / {} GFLOP/s.\n\n| shape (M x N x K) | f32 | bf16 | nvfp4 | mxfp8 | bf16 over f32 |\n|---|---:|---:|---:|---:|---:|",
+        dash0(peak("fp32_fma", 1)),
+        dash0(peak("fp32_fma", 2)),
+        dash0(peak("bf16_dot", 1)),
+        dash0(peak("bf16_dot", 2)),
+        dash0(peak("amx_bf16", 1)),
+        dash0(peak("amx_bf16", 2)),
+    );
+    for shape in shapes {
+        let cell = |case: &str| {
+            let t = |t: u32| {
+                let g = find(metrics, &format!("quant/gemm_{case}_{shape}/gflops_{t}t"));
+                let f = find(metrics, &format!("quant/gemm_{case}_{shape}/of_peak_{t}t"));
+                match (g, f) {
+                    (Some(g), Some(f)) => format!("{g:.0} ({f:.2})"),
+                    (Some(g), None) => format!("{g:.0}"),
+                    _ => "-".into(),
+                }
+            };
+            format!("{} / {}", t(1), t(2))
+        };
+        let x = |t: u32| {
+            find(metrics, &format!("quant/gemm_bf16_{shape}/vs_f32_{t}t"))
+                .map_or("-".into(), |x| format!("{x:.2}x"))
+        };
+        let _ = writeln!(
+            s,
+            "| `{shape}` | {} | {} | {} | {} | {} / {} |",
+            cell("f32"),
+            cell("bf16"),
+            cell("nvfp4"),
+            cell("mxfp8"),
+            x(1),
+            x(2)
+        );
+    }
+}
+
+fn dash0(v: Option<f64>) -> String {
+    v.map_or("-".into(), |v| format!("{v:.0}"))
+}
+
 /// Replaces the text between the README markers with `section`.
 pub fn splice(readme: &str, section: &str) -> Result<String> {
     let (Some(b), Some(e)) = (readme.find(BEGIN), readme.find(END)) else {
@@ -291,5 +366,50 @@ mod tests {
         let out = splice(&text, "new\n").unwrap();
         assert_eq!(out, format!("intro\n{BEGIN}\nnew\n{END}\noutro\n"));
         assert!(splice("no markers", "x").is_err());
+    }
+
+    fn reported(name: &str, value: f64) -> Metric {
+        Metric {
+            name: name.into(),
+            value,
+            unit: String::new(),
+            better: super::super::metric::Better::Higher,
+            kind: Kind::Reported,
+            basis: None,
+            spread: None,
+            note: String::new(),
+        }
+    }
+
+    #[test]
+    fn full_run_sections_show_base_steps_and_gemms_against_peaks() {
+        let metrics = [
+            ("step_base/fp32/ms", 806.0),
+            ("step_base/bf16/vs_fp32", 0.58),
+            ("step_base/nvfp4/vs_fp32", 0.71),
+            ("machine/peak_fp32_fma/gflops_1t", 213.0),
+            ("machine/peak_amx_bf16/gflops_2t", 6200.0),
+            ("quant/gemm_f32_small_fprop_up/gflops_1t", 130.0),
+            ("quant/gemm_f32_small_fprop_up/of_peak_1t", 0.61),
+            ("quant/gemm_bf16_small_fprop_up/gflops_2t", 700.0),
+            ("quant/gemm_bf16_small_fprop_up/vs_f32_1t", 2.5),
+        ]
+        .map(|(n, v)| reported(n, v));
+        let mut s = String::new();
+        base_steps(&mut s, &metrics);
+        gemms(&mut s, &metrics);
+        assert!(s.contains("FP32 (806 ms): bf16 0.58, nvfp4 0.71."), "{s}");
+        assert!(s.contains("FP32 FMA 213 / -"), "{s}");
+        assert!(
+            s.contains(
+                "| `small_fprop_up` | 130 (0.61) / - | - / 700 | - / - | - / - | 2.50x / - |"
+            ),
+            "{s}"
+        );
+        // a quick run has neither: nothing is written
+        let mut empty = String::new();
+        base_steps(&mut empty, &[]);
+        gemms(&mut empty, &[]);
+        assert!(empty.is_empty());
     }
 }

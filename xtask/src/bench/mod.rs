@@ -15,7 +15,10 @@
 //!    fp8-current, mxfp8, nvfp4), step time over the FP32 step and FP32 thread scaling:
 //!    **gated** ratios, plus absolute ms and tokens/s.
 //! 3. `bench decode`: the RL sampler's decoding, KV cache over full recomputation and
-//!    NVFP4-sampler over BF16-sampler decode time: same-run ratios and tokens/s, reported.
+//!    NVFP4-sampler over BF16-sampler decode time: same-run ratios and tokens/s, reported;
+//!    full run only: `bench gemms` (the f32, BF16 and block-scaled GEMMs as fractions of
+//!    their instructions' measured peaks and over the f32 GEMM, 1 and 2 threads) and `bench
+//!    steps --preset base` (the larger preset's steps over its FP32 step), reported.
 //! 4. callgrind instruction counts per element of the quantizer hot loops, where valgrind is
 //!    installed: **gated** tightly (deterministic for a given binary).
 //! 5. full run only: the criterion benches of every crate (`cargo bench -p fp-formats -p quant
@@ -170,18 +173,48 @@ const DECODE_ROUNDS_QUICK: usize = 3;
 
 /// `bench decode`'s metrics (all reported, never gated).
 fn decode(bench: &Path, out: &Path, rounds: usize) -> Result<Vec<Metric>> {
-    let json = out.join("decode.json");
+    reported(
+        bench,
+        &["decode", "--rounds", &rounds.to_string()],
+        &out.join("decode.json"),
+    )
+}
+
+/// Runs a `bench` source whose figures are reported only (`args`, then `--json json`) and
+/// reads its metrics; a gated metric there would be a bug in the source, so it is refused.
+fn reported(bench: &Path, args: &[&str], json: &Path) -> Result<Vec<Metric>> {
     let mut cmd = Command::new(bench);
-    cmd.args(["decode", "--rounds", &rounds.to_string(), "--json"])
-        .arg(&json);
+    cmd.args(args).arg("--json").arg(json);
     run_cmd(&mut cmd)?;
-    let metrics = read_suite(&json)?;
+    let metrics = read_suite(json)?;
     if let Some(m) = metrics.iter().find(|m| m.kind.gated()) {
         bail!(
-            "bench decode reported a gated metric ({}); its figures are reported only",
+            "bench {} reported a gated metric ({}); its figures are reported only",
+            args.first().copied().unwrap_or_default(),
             m.name
         );
     }
+    Ok(metrics)
+}
+
+/// Full run only: the GEMMs against their instructions' peaks on 1 and 2 threads (one
+/// process each) and the `base` preset's training steps per recipe, all reported.
+fn gemms_and_base_steps(bench: &Path, out: &Path) -> Result<Vec<Metric>> {
+    let mut metrics = Vec::new();
+    for threads in ["1", "2"] {
+        println!("== GEMMs vs instruction peaks, {threads} thread(s) (reported)");
+        metrics.extend(reported(
+            bench,
+            &["gemms", "--threads", threads, "--rounds", "5"],
+            &out.join(format!("gemms-{threads}t.json")),
+        )?);
+    }
+    println!("== training steps of the `base` preset per recipe (reported)");
+    metrics.extend(reported(
+        bench,
+        &["steps", "--preset", "base", "--rounds", "4"],
+        &out.join("steps-base.json"),
+    )?);
     Ok(metrics)
 }
 
@@ -261,6 +294,18 @@ pub fn run(args: &[String]) -> Result<()> {
         "== RL sampler decode: KV cache vs full recomputation, NVFP4 vs BF16 sampler ({decode_rounds} rounds, reported)"
     );
     metrics.extend(decode(&bench, &out, decode_rounds)?);
+    if opts.quick {
+        skipped.push((
+            "quant/gemm_".into(),
+            "--quick does not measure the GEMMs against their instructions' peaks".into(),
+        ));
+        skipped.push((
+            "step_base/".into(),
+            "--quick does not measure the `base` preset's steps".into(),
+        ));
+    } else {
+        metrics.extend(gemms_and_base_steps(&bench, &out)?);
+    }
 
     // --update-baseline --runs N: the timing sources N - 1 times more, for medians and spreads.
     let mut derived = Derived::new();
