@@ -2,7 +2,7 @@
 //! `cargo run --release -p autograd --example op_bench -- [reps]`.
 use std::time::Instant;
 
-use autograd::{init, Graph, ParamStore, Result, Tensor};
+use autograd::{init, Graph, ParamStore, QkvAttention, Result, Tensor};
 
 fn time(name: &str, reps: usize, f: impl Fn(&mut Graph<'_>) -> Result<Tensor>) -> Result<()> {
     let mut ps = ParamStore::new();
@@ -63,6 +63,29 @@ fn main() -> Result<()> {
         let v = g.variable(&xd, &[8, 4, 256, 64])?;
         g.causal_attention(q, k, v)
     })?;
+    // a block's attention from its QKV projection: the chain of ops, then the fused op
+    for (b, t, c) in [(16, 128, 128), (8, 256, 256)] {
+        let x = init::normal(b * t * 3 * c, 1.0, 5);
+        let spec = QkvAttention {
+            heads: 4,
+            rope_base: 10000.0,
+            round_bf16: true,
+        };
+        time(&format!("qkv chain [{b},{t},3x{c}]"), reps, |g| {
+            let x = g.variable(&x, &[b, t, 3 * c])?;
+            let p = g.split(x, &[c, c, c])?;
+            let [q, k, v] = [p[0], p[1], p[2]].map(|y| g.split_heads(y, 4));
+            let q = g.rope(q?, spec.rope_base, 0)?;
+            let k = g.rope(k?, spec.rope_base, 0)?;
+            let [q, k, v] = [q, k, v?].map(|y| g.round_bf16(y));
+            let a = g.causal_attention(q?, k?, v?)?;
+            g.merge_heads(a)
+        })?;
+        time(&format!("qkv_attention [{b},{t},3x{c}]"), reps, |g| {
+            let x = g.variable(&x, &[b, t, 3 * c])?;
+            g.qkv_attention(x, spec)
+        })?;
+    }
     time("cross_entropy [2048,256]", reps, |g| {
         let a = g.variable(&xd, &[n, d])?;
         let t: Vec<u32> = (0..n as u32).map(|i| i % 256).collect();

@@ -14,7 +14,7 @@
 //! `blocks.{i}.mlp.up.weight` (SwiGLU: gate and up rows stacked, `[2·hidden, d]`),
 //! `blocks.{i}.mlp.down.weight`, `final_norm.weight`, `lm_head.weight` (untied only).
 
-use autograd::{init, Graph, ParamId, ParamStore, Tensor};
+use autograd::{init, Graph, ParamId, ParamStore, QkvAttention, Tensor};
 use quant::GemmPolicy;
 use serde::{Deserialize, Serialize};
 
@@ -478,25 +478,17 @@ impl Gpt {
         let t = tokens.len() / batch;
         let e = g.param(self.embed)?;
         let mut x = g.embedding(tokens, &[batch, t], e)?;
-        let d = cfg.d_model;
-        let bf16_attn = prec.recipe.attention == AttentionPrecision::Bf16;
+        // split into heads, RoPE, optional BF16 rounding, attention, merge: one fused op
+        let attn = QkvAttention {
+            heads: cfg.n_heads,
+            rope_base: cfg.rope_base,
+            round_bf16: prec.recipe.attention == AttentionPrecision::Bf16,
+        };
         for (i, b) in self.blocks.iter().enumerate() {
             let w = g.param(b.attn_norm)?;
             let h = g.rmsnorm(x, w, cfg.norm_eps)?;
             let qkv = self.lin(g, h, b.qkv, Some(i), LayerKind::AttnQkv, prec, &mut probes)?;
-            let parts = g.split(qkv, &[d, d, d])?;
-            let mut q = g.split_heads(parts[0], cfg.n_heads)?;
-            let mut k = g.split_heads(parts[1], cfg.n_heads)?;
-            let mut v = g.split_heads(parts[2], cfg.n_heads)?;
-            q = g.rope(q, cfg.rope_base, 0)?;
-            k = g.rope(k, cfg.rope_base, 0)?;
-            if bf16_attn {
-                q = g.round_bf16(q)?;
-                k = g.round_bf16(k)?;
-                v = g.round_bf16(v)?;
-            }
-            let a = g.causal_attention(q, k, v)?;
-            let a = g.merge_heads(a)?;
+            let a = g.qkv_attention(qkv, attn)?;
             let a = self.lin(g, a, b.out, Some(i), LayerKind::AttnOut, prec, &mut probes)?;
             x = g.add(x, a)?;
             let w = g.param(b.mlp_norm)?;

@@ -23,7 +23,7 @@ use crate::graph::{backward_fn, BackwardCtx, Grad};
 use crate::{Graph, Result, Tensor};
 
 /// Queries per block.
-const BQ: usize = 64;
+pub(crate) const BQ: usize = 64;
 
 /// The gradient buffer of `x`, or a scratch buffer to discard when `x` needs none.
 fn take_or_scratch(ctx: &mut BackwardCtx<'_>, x: Tensor, n: usize) -> (Grad, bool) {
@@ -136,10 +136,10 @@ pub(crate) mod cpu {
             .for_each_init(
                 || vec![0.0f32; BQ.min(t) * t],
                 |s, (h, (o, l))| {
-                    let r = h * hd..(h + 1) * hd;
+                    let m = |x| head_view(x, h, t, d);
                     simd(
                         #[inline(always)]
-                        || head_forward(&q[r.clone()], &k[r.clone()], &v[r], t, d, o, l, s),
+                        || head_forward([m(q), m(k), m(v)], t, d, o, l, s),
                     );
                 },
             );
@@ -163,42 +163,46 @@ pub(crate) mod cpu {
         m + l.ln()
     }
 
-    #[allow(clippy::too_many_arguments)]
+    /// Head `h`'s row-major `[T, D]` block of a `[.., T, D]` buffer.
     #[inline(always)]
-    fn head_forward(
-        q: &[f32],
-        k: &[f32],
-        v: &[f32],
+    pub(crate) fn head_view(x: &[f32], h: usize, t: usize, d: usize) -> MatRef<'_> {
+        MatRef::row_major(&x[h * t * d..(h + 1) * t * d], t, d)
+    }
+
+    /// Rows `r0..r1` of a row-major view (its column stride is 1, its row stride any).
+    #[inline(always)]
+    pub(crate) fn rows(m: MatRef<'_>, r0: usize, r1: usize) -> MatRef<'_> {
+        MatRef {
+            data: &m.data[r0 * m.row_stride..],
+            rows: r1 - r0,
+            ..m
+        }
+    }
+
+    /// One head's forward: `x = [q, k, v]`, each a `[T, D]` view with column stride 1 (any
+    /// row stride: the GEMM packs its operands, so the layout does not change the bits);
+    /// writes the contiguous `[T, D]` output `o` and the row log-sum-exps `lse`.
+    #[inline(always)]
+    pub(crate) fn head_forward(
+        x: [MatRef<'_>; 3],
         t: usize,
         d: usize,
         o: &mut [f32],
         lse: &mut [f32],
         s: &mut [f32],
     ) {
+        let [q, k, v] = x;
         let scale = 1.0 / (d as f32).sqrt();
         for qb in (0..t).step_by(BQ) {
             let r1 = (qb + BQ).min(t);
             let (bq, kv) = (r1 - qb, r1);
             let s = &mut s[..bq * kv];
-            let qm = MatRef::row_major(&q[qb * d..r1 * d], bq, d);
-            sgemm(
-                scale,
-                qm,
-                MatRef::row_major(&k[..kv * d], kv, d).t(),
-                0.0,
-                s,
-            );
+            sgemm(scale, rows(q, qb, r1), rows(k, 0, kv).t(), 0.0, s);
             for (i, row) in s.chunks_exact_mut(kv).enumerate() {
                 lse[qb + i] = softmax_row(row, qb + i + 1);
             }
             let p = MatRef::row_major(s, bq, kv);
-            sgemm(
-                1.0,
-                p,
-                MatRef::row_major(&v[..kv * d], kv, d),
-                0.0,
-                &mut o[qb * d..r1 * d],
-            );
+            sgemm(1.0, p, rows(v, 0, kv), 0.0, &mut o[qb * d..r1 * d]);
         }
     }
 
@@ -226,42 +230,44 @@ pub(crate) mod cpu {
                 || vec![0.0f32; 2 * BQ.min(t) * t + t],
                 |scr, (h, ((dq, dk), dv))| {
                     let r = h * hd..(h + 1) * hd;
-                    let xs = [
-                        &x[0][r.clone()],
-                        &x[1][r.clone()],
-                        &x[2][r.clone()],
-                        &x[3][r.clone()],
-                    ];
-                    let (lse, dout) = (&lse[h * t..(h + 1) * t], &dout[r]);
+                    let m = |x| head_view(x, h, t, d);
+                    let (lse, dout, o) = (&lse[h * t..(h + 1) * t], &dout[r.clone()], &x[3][r]);
                     simd(
                         #[inline(always)]
-                        || head_backward(xs, lse, dout, t, d, [dq, dk, dv], betas, scr),
+                        || {
+                            let (delta, scr) = scr.split_at_mut(t);
+                            for (i, dl) in delta.iter_mut().enumerate() {
+                                *dl = dot(&dout[i * d..(i + 1) * d], &o[i * d..(i + 1) * d]);
+                            }
+                            let dom = MatRef::row_major(dout, t, d);
+                            let views = [m(x[0]), m(x[1]), m(x[2]), dom];
+                            head_backward(views, lse, delta, t, d, [dq, dk, dv], betas, scr)
+                        },
                     );
                 },
             );
     }
 
+    /// One head's backward: `x = [q, k, v, dO]` as `[T, D]` views (column stride 1),
+    /// `delta[i] = dO_i · O_i`; writes `g = [dq, dk, dv]` (contiguous `[T, D]`) with GEMM
+    /// `betas`; `scr` holds two `min(BQ, T) × T` strips.
     #[allow(clippy::too_many_arguments)]
     #[inline(always)]
-    fn head_backward(
-        x: [&[f32]; 4],
+    pub(crate) fn head_backward(
+        x: [MatRef<'_>; 4],
         lse: &[f32],
-        dout: &[f32],
+        delta: &[f32],
         t: usize,
         d: usize,
         g: [&mut [f32]; 3],
         betas: [f32; 3],
         scr: &mut [f32],
     ) {
-        let [q, k, v, o] = x;
+        let [q, k, v, dout] = x;
         let [dq, dk, dv] = g;
         let scale = 1.0 / (d as f32).sqrt();
         let strip = BQ.min(t) * t;
-        let (s, rest) = scr.split_at_mut(strip);
-        let (dp, delta) = rest.split_at_mut(strip);
-        for (i, dl) in delta.iter_mut().enumerate() {
-            *dl = dot(&dout[i * d..(i + 1) * d], &o[i * d..(i + 1) * d]);
-        }
+        let (s, dp) = scr.split_at_mut(strip);
         let nblocks = t.div_ceil(BQ);
         // last block first: it sees every key, so it initialises all of dK and dV
         for bi in (0..nblocks).rev() {
@@ -275,10 +281,10 @@ pub(crate) mod cpu {
             };
             let s = &mut s[..bq * kv];
             let dp = &mut dp[..bq * kv];
-            let qm = MatRef::row_major(&q[qb * d..r1 * d], bq, d);
-            let km = MatRef::row_major(&k[..kv * d], kv, d);
-            let vm = MatRef::row_major(&v[..kv * d], kv, d);
-            let dom = MatRef::row_major(&dout[qb * d..r1 * d], bq, d);
+            let qm = rows(q, qb, r1);
+            let km = rows(k, 0, kv);
+            let vm = rows(v, 0, kv);
+            let dom = rows(dout, qb, r1);
             // P = exp(S - lse), masked
             sgemm(scale, qm, km.t(), 0.0, s);
             for (i, row) in s.chunks_exact_mut(kv).enumerate() {

@@ -55,15 +55,7 @@ impl Graph<'_> {
         if self.dev.is_some() {
             return self.dev_rope(x, base, pos_offset, t, d);
         }
-        let key = (t, d, base.to_bits(), pos_offset);
-        let tab = match self.rope_cache.get(&key) {
-            Some(tab) => tab.clone(),
-            None => {
-                let tab: Rc<[f32]> = rope_table(t, d, base, pos_offset).into();
-                self.rope_cache.insert(key, tab.clone());
-                tab
-            }
-        };
+        let tab = self.rope_tab(t, d, base, pos_offset);
         let mut out = self.alloc(sx.numel());
         cpu::rope(
             self.values().get(x),
@@ -87,6 +79,17 @@ impl Graph<'_> {
     }
 }
 
+impl Graph<'_> {
+    /// The [`rope_table`] of these sizes, computed once per graph.
+    pub(crate) fn rope_tab(&mut self, t: usize, d: usize, base: f32, offset: usize) -> Rc<[f32]> {
+        let key = (t, d, base.to_bits(), offset);
+        self.rope_cache
+            .entry(key)
+            .or_insert_with(|| rope_table(t, d, base, offset).into())
+            .clone()
+    }
+}
+
 /// CPU kernels.
 pub(crate) mod cpu {
     use super::*;
@@ -102,25 +105,38 @@ pub(crate) mod cpu {
         acc: bool,
         out: &mut [f32],
     ) {
-        let h = d / 2;
-        let sgn = if inverse { -1.0 } else { 1.0 };
         for_rows(
             out,
             d,
             #[inline(always)]
             |r, row| {
-                let p = r % t;
-                let (c, s) = (&tab[p * h..(p + 1) * h], &tab[(t + p) * h..(t + p + 1) * h]);
-                let xr = &x[r * d..(r + 1) * d];
-                let (x1, x2) = xr.split_at(h);
-                let (y1, y2) = row.split_at_mut(h);
-                for i in 0..h {
-                    let (cs, sn) = (c[i], sgn * s[i]);
-                    store(acc, &mut y1[i], x1[i] * cs - x2[i] * sn);
-                    store(acc, &mut y2[i], x1[i] * sn + x2[i] * cs);
-                }
+                rotate(&x[r * d..(r + 1) * d], tab, t, r % t, inverse, |i, v| {
+                    store(acc, &mut row[i], v)
+                })
             },
         );
+    }
+
+    /// Rotates one `D`-row `x` at position `p` of the `[T, D/2]` cos / sin table `tab`
+    /// (`inverse`: by minus the angles) and hands each output element `(i, y_i)` to `put`.
+    #[inline(always)]
+    pub(crate) fn rotate(
+        x: &[f32],
+        tab: &[f32],
+        t: usize,
+        p: usize,
+        inverse: bool,
+        mut put: impl FnMut(usize, f32),
+    ) {
+        let h = x.len() / 2;
+        let sgn = if inverse { -1.0 } else { 1.0 };
+        let (c, s) = (&tab[p * h..(p + 1) * h], &tab[(t + p) * h..(t + p + 1) * h]);
+        let (x1, x2) = x.split_at(h);
+        for i in 0..h {
+            let (cs, sn) = (c[i], sgn * s[i]);
+            put(i, x1[i] * cs - x2[i] * sn);
+            put(h + i, x1[i] * sn + x2[i] * cs);
+        }
     }
 }
 

@@ -1,0 +1,396 @@
+//! Causal self-attention straight from a fused QKV projection: `[B, T, 3·H·D] → [B, T, H·D]`.
+//!
+//! The same arithmetic, in the same order, as the unfused chain a GPT block used to build
+//! (`split` into Q, K, V → `split_heads` → `rope` on Q and K → optional `round_bf16` →
+//! [`Graph::causal_attention`] → `merge_heads`), so every output and gradient is bit for bit
+//! that chain's; only the layout work is gone. Per batch row and head, the forward reads the
+//! head's Q, K and V rows out of the `[T, 3, H, D]` input, rotates Q and K (and rounds all
+//! three) into one contiguous `[T, D]` buffer each (kept for the backward), runs the fused
+//! attention kernel, and writes the head's output into its columns of `[T, H·D]`. The backward
+//! reads `dO` and `O` in place through strided views, runs the attention backward into
+//! per-head scratch, and writes `dQ` and `dK` rotated back (RoPE's backward) and `dV` into the
+//! head's columns of `dQKV`. Batch rows run in parallel, the heads of one row in order, so the
+//! results do not depend on the number of threads.
+
+use quant::gemm::MatRef;
+use rayon::prelude::*;
+
+use super::attention::cpu::{head_backward, head_forward, head_view};
+use super::attention::BQ;
+use super::rope::cpu::rotate;
+use crate::cpu::{dot, simd};
+use crate::error::{arg_err, shape_err};
+use crate::graph::backward_fn;
+use crate::{Graph, Result, Shape, Tensor};
+
+/// What [`Graph::qkv_attention`] does around the attention itself.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct QkvAttention {
+    /// Heads `H`: the input's `3·C` channels hold Q, K and V of `C = H·D` channels each.
+    pub heads: usize,
+    /// RoPE frequency base for Q and K (positions `0..T`; finite and > 1).
+    pub rope_base: f32,
+    /// Round Q, K and V to BF16 after RoPE (straight-through gradient), so the attention
+    /// products see BF16 operands with FP32 accumulation.
+    pub round_bf16: bool,
+}
+
+impl Graph<'_> {
+    /// Causal self-attention of `qkv: [B, T, 3·C]` (Q, K, V side by side, each `[H, D]` per
+    /// position, `D = C / H` even): RoPE on Q and K, optional BF16 rounding, then
+    /// `softmax(QKᵀ/√D + causal mask) V` per head; returns `[B, T, C]` (heads side by side).
+    /// Bit for bit the composition `split`, `split_heads`, `rope`, `round_bf16`,
+    /// [`Graph::causal_attention`], `merge_heads`, forward and backward.
+    ///
+    /// ```
+    /// use autograd::{Graph, ParamStore, QkvAttention};
+    /// let mut ps = ParamStore::new();
+    /// let mut g = Graph::new(&mut ps);
+    /// // B = 1, T = 2, one head of D = 2: the first position sees only its own value
+    /// let qkv = g.input(&[1.0, 0.0, 1.0, 0.0, 2.0, 4.0, 1.0, 0.0, 1.0, 0.0, 6.0, 8.0], &[1, 2, 6])?;
+    /// let spec = QkvAttention { heads: 1, rope_base: 10000.0, round_bf16: false };
+    /// let o = g.qkv_attention(qkv, spec)?;
+    /// assert_eq!(g.shape(o)?.dims(), &[1, 2, 2]);
+    /// assert_eq!(&g.value(o)?[..2], &[2.0, 4.0]);
+    /// # Ok::<(), autograd::Error>(())
+    /// ```
+    pub fn qkv_attention(&mut self, qkv: Tensor, spec: QkvAttention) -> Result<Tensor> {
+        let sx = self.shape(qkv)?;
+        if sx.rank() != 3 {
+            return shape_err("qkv_attention", format!("expected [B, T, 3*H*D], got {sx}"));
+        }
+        let [b, t, c3] = [sx.dims()[0], sx.dims()[1], sx.dims()[2]];
+        let h = spec.heads;
+        if h == 0 || c3 % (3 * h) != 0 || (c3 / (3 * h)) % 2 != 0 {
+            return arg_err(
+                "qkv_attention",
+                format!("{c3} channels do not split into Q, K, V of {h} heads of even size"),
+            );
+        }
+        if !(spec.rope_base > 1.0 && spec.rope_base.is_finite()) {
+            return arg_err(
+                "qkv_attention",
+                format!("rope base must be finite and > 1, got {}", spec.rope_base),
+            );
+        }
+        if self.dev.is_some() {
+            return self.qkv_attention_composed(qkv, spec);
+        }
+        let (c, d) = (c3 / 3, c3 / (3 * h));
+        let dims = Dims { t, h, d };
+        let heads_shape = Shape::new(&[b, h, t, d])?;
+        let tab = self.rope_tab(t, d, spec.rope_base, 0);
+        let n = b * t * c;
+        let (mut qh, mut kh, mut vh) = (self.alloc(n), self.alloc(n), self.alloc(n));
+        let mut out = self.alloc(n);
+        let mut lse = vec![0.0f32; b * h * t];
+        cpu::forward(
+            self.values().get(qkv),
+            &tab,
+            dims,
+            spec.round_bf16,
+            [qh.as_mut_slice(), kh.as_mut_slice(), vh.as_mut_slice()],
+            out.as_mut_slice(),
+            &mut lse,
+        );
+        let qh = self.push("qkv_attention.q", qh, heads_shape, None);
+        let kh = self.push("qkv_attention.k", kh, heads_shape, None);
+        let vh = self.push("qkv_attention.v", vh, heads_shape, None);
+        let me = self.next_tensor();
+        let bw = self.needs_grad(&[qkv]).then(|| {
+            backward_fn(move |ctx, dy| {
+                if let Some(mut g) = ctx.take(qkv) {
+                    let acc = g.acc();
+                    let x = ctx.vals;
+                    cpu::backward(
+                        [x.get(qh), x.get(kh), x.get(vh), x.get(me)],
+                        &lse,
+                        dy,
+                        &tab,
+                        dims,
+                        acc,
+                        g.slice(),
+                    );
+                    g.fresh = false;
+                    ctx.put(qkv, g);
+                }
+                Ok(())
+            })
+        });
+        Ok(self.push("qkv_attention", out, Shape::new(&[b, t, c])?, bw))
+    }
+
+    /// [`Graph::qkv_attention`] as the chain of separate ops it fuses (the device path, and
+    /// the reference the fused kernels are tested against).
+    pub(crate) fn qkv_attention_composed(
+        &mut self,
+        qkv: Tensor,
+        spec: QkvAttention,
+    ) -> Result<Tensor> {
+        let c = self.shape(qkv)?.last() / 3;
+        let parts = self.split(qkv, &[c, c, c])?;
+        let mut q = self.split_heads(parts[0], spec.heads)?;
+        let mut k = self.split_heads(parts[1], spec.heads)?;
+        let mut v = self.split_heads(parts[2], spec.heads)?;
+        q = self.rope(q, spec.rope_base, 0)?;
+        k = self.rope(k, spec.rope_base, 0)?;
+        if spec.round_bf16 {
+            q = self.round_bf16(q)?;
+            k = self.round_bf16(k)?;
+            v = self.round_bf16(v)?;
+        }
+        let a = self.causal_attention(q, k, v)?;
+        self.merge_heads(a)
+    }
+}
+
+/// Sequence length, heads and head size of one call.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Dims {
+    t: usize,
+    h: usize,
+    d: usize,
+}
+
+/// CPU kernels.
+pub(crate) mod cpu {
+    use super::*;
+
+    /// Row `r` of a `[rows, n]` matrix at column `col`, `len` wide.
+    #[inline(always)]
+    fn at(x: &[f32], n: usize, r: usize, col: usize, len: usize) -> &[f32] {
+        &x[r * n + col..r * n + col + len]
+    }
+
+    /// Forward: fills the per-head `heads = [Q, K, V]` buffers (`[B, H, T, D]`, Q and K
+    /// rotated, all rounded when `round`), `out: [B, T, C]` and `lse: [B, H, T]`.
+    pub(crate) fn forward(
+        qkv: &[f32],
+        tab: &[f32],
+        dims: Dims,
+        round: bool,
+        heads: [&mut [f32]; 3],
+        out: &mut [f32],
+        lse: &mut [f32],
+    ) {
+        let Dims { t, h, d } = dims;
+        let (c, hd) = (h * d, t * d);
+        if hd == 0 || h == 0 {
+            return;
+        }
+        let [qh, kh, vh] = heads;
+        out.par_chunks_mut(t * c)
+            .zip(qh.par_chunks_mut(h * hd))
+            .zip(kh.par_chunks_mut(h * hd))
+            .zip(vh.par_chunks_mut(h * hd))
+            .zip(lse.par_chunks_mut(h * t))
+            .enumerate()
+            .for_each_init(
+                || vec![0.0f32; BQ.min(t) * t + hd],
+                |scr, (bi, ((((o, qb), kb), vb), l))| {
+                    let x = &qkv[bi * t * 3 * c..(bi + 1) * t * 3 * c];
+                    simd(
+                        #[inline(always)]
+                        || {
+                            let (s, oh) = scr.split_at_mut(BQ.min(t) * t);
+                            for hi in 0..h {
+                                let r = hi * hd..(hi + 1) * hd;
+                                let q = &mut qb[r.clone()];
+                                let (k, v) = (&mut kb[r.clone()], &mut vb[r]);
+                                gather(x, tab, dims, hi, round, [q, k, v]);
+                                let l = &mut l[hi * t..(hi + 1) * t];
+                                let views = [&*q, &*k, &*v].map(|y| MatRef::row_major(y, t, d));
+                                head_forward(views, t, d, oh, l, s);
+                                for (i, row) in oh.chunks_exact(d).enumerate() {
+                                    o[i * c + hi * d..i * c + (hi + 1) * d].copy_from_slice(row);
+                                }
+                            }
+                        },
+                    );
+                },
+            );
+    }
+
+    /// One head's `[T, D]` Q, K and V out of a batch row's `[T, 3·C]` input: Q and K rotated
+    /// by RoPE, all three rounded to BF16 when `round`.
+    #[inline(always)]
+    fn gather(x: &[f32], tab: &[f32], dims: Dims, hi: usize, round: bool, o: [&mut [f32]; 3]) {
+        let Dims { t, h, d } = dims;
+        let c = h * d;
+        let [q, k, v] = o;
+        for p in 0..t {
+            let (qr, kr) = (&mut q[p * d..(p + 1) * d], &mut k[p * d..(p + 1) * d]);
+            rotate(at(x, 3 * c, p, hi * d, d), tab, t, p, false, |i, y| {
+                qr[i] = y
+            });
+            rotate(at(x, 3 * c, p, c + hi * d, d), tab, t, p, false, |i, y| {
+                kr[i] = y
+            });
+            v[p * d..(p + 1) * d].copy_from_slice(at(x, 3 * c, p, 2 * c + hi * d, d));
+        }
+        if round {
+            for y in q.iter_mut().chain(k.iter_mut()).chain(v.iter_mut()) {
+                *y = fp_formats::round_to_bf16(*y);
+            }
+        }
+    }
+
+    /// Backward: `x = [Q, K, V, O]` (the per-head buffers and the `[B, T, C]` output),
+    /// `dout: [B, T, C]`; writes (`acc`: adds) `dqkv: [B, T, 3·C]`.
+    pub(crate) fn backward(
+        x: [&[f32]; 4],
+        lse: &[f32],
+        dout: &[f32],
+        tab: &[f32],
+        dims: Dims,
+        acc: bool,
+        dqkv: &mut [f32],
+    ) {
+        let Dims { t, h, d } = dims;
+        let (c, hd) = (h * d, t * d);
+        if hd == 0 || h == 0 {
+            return;
+        }
+        let [qa, ka, va, oa] = x;
+        dqkv.par_chunks_mut(t * 3 * c).enumerate().for_each_init(
+            || vec![0.0f32; 2 * BQ.min(t) * t + t + 3 * hd],
+            |scr, (bi, g)| {
+                let tc = bi * t * c..(bi + 1) * t * c;
+                let (dy, o) = (&dout[tc.clone()], &oa[tc]);
+                simd(
+                    #[inline(always)]
+                    || {
+                        let (grads, scr) = scr.split_at_mut(3 * hd);
+                        let (delta, scr) = scr.split_at_mut(t);
+                        let (dq, rest) = grads.split_at_mut(hd);
+                        let (dk, dv) = rest.split_at_mut(hd);
+                        for hi in 0..h {
+                            let m = |y| head_view(y, bi * h + hi, t, d);
+                            let dom = MatRef {
+                                data: &dy[hi * d..],
+                                rows: t,
+                                cols: d,
+                                row_stride: c,
+                                col_stride: 1,
+                            };
+                            for (i, dl) in delta.iter_mut().enumerate() {
+                                *dl = dot(at(dy, c, i, hi * d, d), at(o, c, i, hi * d, d));
+                            }
+                            let l = &lse[(bi * h + hi) * t..(bi * h + hi + 1) * t];
+                            let views = [m(qa), m(ka), m(va), dom];
+                            let gs = [&mut *dq, &mut *dk, &mut *dv];
+                            head_backward(views, l, delta, t, d, gs, [0.0; 3], scr);
+                            scatter(g, tab, dims, hi, acc, [dq, dk, dv]);
+                        }
+                    },
+                );
+            },
+        );
+    }
+
+    /// Writes (`acc`: adds) one head's `[T, D]` gradients into a batch row's `[T, 3·C]`
+    /// `dQKV`: dQ and dK rotated back (RoPE's backward), dV as is. A fresh output gets
+    /// `0 + g`, the value the unfused chain's zero-filled `split` gradient held (−0 → +0).
+    #[inline(always)]
+    fn scatter(g: &mut [f32], tab: &[f32], dims: Dims, hi: usize, acc: bool, gs: [&[f32]; 3]) {
+        let Dims { t, h, d } = dims;
+        let c = h * d;
+        let put = |y: &mut f32, v: f32| {
+            if acc {
+                *y += v;
+            } else {
+                *y = 0.0 + v;
+            }
+        };
+        for (p, row) in g.chunks_exact_mut(3 * c).enumerate() {
+            let (gq, rest) = row.split_at_mut(c);
+            let (gk, gv) = rest.split_at_mut(c);
+            let (gq, gk) = (&mut gq[hi * d..(hi + 1) * d], &mut gk[hi * d..(hi + 1) * d]);
+            rotate(&gs[0][p * d..(p + 1) * d], tab, t, p, true, |i, y| {
+                put(&mut gq[i], y)
+            });
+            rotate(&gs[1][p * d..(p + 1) * d], tab, t, p, true, |i, y| {
+                put(&mut gk[i], y)
+            });
+            for (y, &v) in gv[hi * d..(hi + 1) * d].iter_mut().zip(&gs[2][p * d..]) {
+                put(y, v);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::QkvAttention;
+    use crate::{init, Error, Graph, ParamStore};
+
+    /// Bits of the fused op's output and `qkv` gradient, and of the unfused chain's.
+    fn both(b: usize, t: usize, h: usize, d: usize, round: bool) -> [(Vec<u32>, Vec<u32>); 2] {
+        let n = b * t * 3 * h * d;
+        let xs = init::normal(n, 1.0, 11);
+        let w = init::normal(b * t * h * d, 1.0, 12);
+        let spec = QkvAttention {
+            heads: h,
+            rope_base: 10000.0,
+            round_bf16: round,
+        };
+        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+        [false, true].map(|fused| {
+            let mut ps = ParamStore::new();
+            let mut g = Graph::new(&mut ps);
+            let x = g.variable(&xs, &[b, t, 3 * h * d]).unwrap();
+            let wt = g.input(&w, &[b, t, h * d]).unwrap();
+            let o = if fused {
+                g.qkv_attention(x, spec).unwrap()
+            } else {
+                g.qkv_attention_composed(x, spec).unwrap()
+            };
+            let y = g.mul(o, wt).unwrap();
+            let l = g.sum(y).unwrap();
+            g.backward(l).unwrap();
+            (bits(g.value(o).unwrap()), bits(g.grad(x).unwrap().unwrap()))
+        })
+    }
+
+    #[test]
+    fn fused_equals_unfused_chain_bit_for_bit() {
+        // one and several query blocks (a partial one), 1 and 4 heads, BF16 on and off
+        for (b, t, h, d, round) in [
+            (2, 5, 1, 4, false),
+            (3, 70, 4, 8, true),
+            (2, 130, 2, 16, false),
+            (1, 64, 3, 2, true),
+        ] {
+            let [fused, chain] = both(b, t, h, d, round);
+            assert_eq!(fused.0, chain.0, "output, {b}x{t} h{h} d{d} round {round}");
+            assert_eq!(
+                fused.1, chain.1,
+                "gradient, {b}x{t} h{h} d{d} round {round}"
+            );
+        }
+    }
+
+    #[test]
+    fn qkv_attention_rejects_bad_shapes() {
+        let mut ps = ParamStore::new();
+        let mut g = Graph::new(&mut ps);
+        let spec = |heads, rope_base| QkvAttention {
+            heads,
+            rope_base,
+            round_bf16: false,
+        };
+        let x = g.input(&[0.0; 24], &[1, 2, 12]).unwrap();
+        let x4 = g.input(&[0.0; 24], &[1, 1, 2, 12]).unwrap();
+        assert!(matches!(
+            g.qkv_attention(x4, spec(1, 1e4)),
+            Err(Error::Shape { .. })
+        ));
+        for (heads, base) in [(0, 1e4), (3, 1e4), (4, 1e4), (1, 1.0), (1, f32::NAN)] {
+            assert!(matches!(
+                g.qkv_attention(x, spec(heads, base)),
+                Err(Error::InvalidArgument { .. })
+            ));
+        }
+        assert!(g.qkv_attention(x, spec(2, 1e4)).is_ok());
+    }
+}
