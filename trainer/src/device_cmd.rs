@@ -1,13 +1,16 @@
-//! `--device cpu|cuda|auto`: where `train`, `compare` and `sample` compute, decided before
-//! anything is written; `train` and `compare` print the choice with their other run lines on
-//! stdout (`sample`, whose stdout is the generated text, prints nothing about it).
+//! `--device cpu|cuda|auto`: where `train`, `compare`, `sample` and `rl` compute, decided
+//! before anything is written; `train` and `compare` print the choice with their other run
+//! lines on stdout, `rl` on stderr (`sample`, whose stdout is the generated text, prints
+//! nothing about it).
 //!
 //! `train` runs its forward and backward passes on a CUDA device through autograd's `Graph`
 //! ([`trainer::train::Trainer::set_device`]) when the device linear runs every GEMM operand of
-//! the recipe (FP32, BF16, FP8, MXFP8 / MXFP4, NVFP4: every built-in recipe); the optimizer,
-//! evaluation and checkpoints stay on the host. `compare` and `sample` run on the CPU (`sample`'s KV-cache
-//! attention has no CUDA kernel yet). `--device cuda` where the command cannot use the device
-//! is an error before anything is written; `auto` then chooses the CPU and says why.
+//! the recipe (FP32, BF16, FP8, MXFP8 / MXFP4, NVFP4: every built-in recipe). `sample` runs
+//! its KV-cache sampler there (`trainer::sample::Sampler::set_device`), `rl` its sampler and
+//! held-out evaluation (`trainer::rl::run::RlRun::set_sampler_device`; the RL update stays on
+//! the CPU; `rl`'s default is `cpu`). `compare` runs on the CPU. `--device cuda` where the
+//! command cannot use the device is an error before anything is written; `auto` then chooses
+//! the CPU and says why.
 
 use std::sync::Arc;
 
@@ -55,7 +58,7 @@ pub fn resolve(
 ) -> Result<(Option<Arc<DeviceBackend>>, String)> {
     let blocker = match recipe {
         None => Some(format!(
-            "{command} does not run on a CUDA device yet (only train does)"
+            "{command} does not run on a CUDA device yet (train, sample and rl do)"
         )),
         Some(r) => recipe_blocker(r),
     };

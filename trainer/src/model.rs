@@ -495,10 +495,7 @@ impl Gpt {
             let h = g.rmsnorm(x, w, cfg.norm_eps)?;
             let u = self.lin(g, h, b.up, Some(i), LayerKind::MlpUp, prec, &mut probes)?;
             let m = match cfg.mlp {
-                MlpKind::Swiglu => {
-                    let gu = g.split(u, &[cfg.hidden, cfg.hidden])?;
-                    g.swiglu(gu[0], gu[1])?
-                }
+                MlpKind::Swiglu => g.swiglu_halves(u)?,
                 MlpKind::Gelu => g.gelu(u)?,
             };
             let m = self.lin(g, m, b.down, Some(i), LayerKind::MlpDown, prec, &mut probes)?;
@@ -585,7 +582,11 @@ impl Gpt {
                 k = g.round_bf16(k)?;
                 v = g.round_bf16(v)?;
             }
-            cache.write(i, g.value(k)?, g.value(v)?, t);
+            if g.device() == autograd::Device::Cpu {
+                cache.write(i, g.value(k)?, g.value(v)?, t);
+            } else {
+                cache.write(i, &g.to_vec(k)?, &g.to_vec(v)?, t);
+            }
             let a = if past == 0 {
                 g.causal_attention(q, k, v)?
             } else {

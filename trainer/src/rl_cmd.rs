@@ -10,10 +10,12 @@ use trainer::rl::compare::{write_report, GridRun};
 use trainer::rl::config::RlConfig;
 use trainer::rl::correction::Correction;
 use trainer::rl::mix::{pretrain_data, MixTokenizer};
-use trainer::rl::plan::Plan;
+use trainer::rl::plan::{ActivationScales, Plan};
 use trainer::rl::run::{RlOptions, RlRun};
 use trainer::rl::tasks::Task;
 use trainer::train::{RunConfig, TrainOptions, Trainer};
+
+use crate::device_cmd::{self, DeviceArg};
 
 /// `trainer plans`.
 #[derive(Args, Debug)]
@@ -221,6 +223,10 @@ struct RlRunArgs {
     /// Worker threads.
     #[arg(long)]
     threads: Option<usize>,
+    /// Where the sampler and the held-out evaluation run: cpu, cuda or auto (the RL update
+    /// runs on the CPU; the default keeps `rl compare`'s parallel runs on the host).
+    #[arg(long, value_enum, default_value_t = DeviceArg::Cpu)]
+    device: DeviceArg,
     /// No progress bar.
     #[arg(long)]
     quiet: bool,
@@ -345,16 +351,27 @@ fn run_rl_run(a: RlRunArgs) -> Result<()> {
             .and_then(|s| s.parse().ok()),
         ..RlOptions::default()
     };
+    let mut dev;
     let mut run = if let Some(dir) = &a.resume {
         if a.seed.is_some() || a.correction.is_some() || a.out.is_some() {
             bail!("--resume continues a run with its own settings; drop --seed, --correction and --out");
         }
+        let bf16 = Recipe::builtin("bf16").expect("built-in recipe");
+        dev = device_cmd::resolve(a.device, "rl", Some(&bf16))?;
         RlRun::resume(dir, opts)?
     } else {
         let Some(out) = a.out.clone() else {
             bail!("trainer rl needs --out DIR (or --resume DIR)");
         };
         let plan = Plan::resolve(&a.plan)?;
+        dev = device_cmd::resolve(a.device, "rl", Some(&plan.recipe("sampler")?))?;
+        if dev.0.is_some() && plan.sampler.activation_scales == ActivationScales::Static {
+            let why = "the plan's static activation scales do not run on a CUDA device yet";
+            if a.device == DeviceArg::Cuda {
+                bail!("--device cuda: {why}; use --device cpu or a -dynamic plan");
+            }
+            dev = (None, format!("device: cpu (auto: {why})"));
+        }
         let cfg = a.settings.resolve(a.seed, a.correction.as_deref())?;
         let from = match (&a.from, a.pretrain_steps) {
             (Some(f), _) => f.clone(),
@@ -377,6 +394,8 @@ fn run_rl_run(a: RlRunArgs) -> Result<()> {
         );
         RlRun::new(cfg, plan, &from, &out, opts)?
     };
+    eprintln!("sampler {}", dev.1);
+    run.set_sampler_device(dev.0)?;
     let s = run.run()?;
     println!(
         "held-out pass rate {:.3} -> {:.3} in {:.0} s; mean |dlogp| {:.3e}, k3 {:.3e}, bitwise-different {:.3}",

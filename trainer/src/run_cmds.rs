@@ -479,10 +479,12 @@ fn stop_tokens(tok: &trainer::data::Tokenizer, stops: &[String]) -> Result<Vec<u
 }
 
 pub fn run_sample(args: SampleArgs) -> Result<()> {
-    device_cmd::resolve(args.device, "sample", None)?; // always the CPU; stdout is the text
-    set_threads(args.threads)?;
     let recipe = Recipe::resolve(&args.recipe)?;
+    // stdout is the text: the choice is not printed
+    let (dev, _) = device_cmd::resolve(args.device, "sample", Some(&recipe))?;
+    set_threads(args.threads)?;
     let mut s = Sampler::load(&args.checkpoint, recipe)?;
+    s.set_device(dev);
     let tok = trainer::hf::tokenizer_of(&args.checkpoint)?;
     let tok = match tok {
         Some(t) if t.vocab_size() as usize > s.vocab() => bail!(

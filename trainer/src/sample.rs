@@ -90,6 +90,7 @@ pub struct Sampler {
     ps: ParamStore,
     model: Gpt,
     recipe: Recipe,
+    dev: Option<std::sync::Arc<autograd::backend::DeviceBackend>>,
 }
 
 impl Sampler {
@@ -104,13 +105,30 @@ impl Sampler {
             let model = Gpt::new(&mut ps, cfg, 0)?;
             ps.import(&tensors)
                 .map_err(|e| TrainError::Sampling(format!("{}: {e}", path.display())))?;
-            return Ok(Sampler { ps, model, recipe });
+            return Ok(Sampler {
+                ps,
+                model,
+                recipe,
+                dev: None,
+            });
         }
         let ck = AnyCheckpoint::load(path)?;
         let mut ps = ParamStore::new();
         let model = Gpt::new(&mut ps, ck.model().clone(), 0)?;
         ck.apply(&mut ps)?;
-        Ok(Sampler { ps, model, recipe })
+        Ok(Sampler {
+            ps,
+            model,
+            recipe,
+            dev: None,
+        })
+    }
+
+    /// Runs [`Sampler::generate`] on a CUDA device (`None`: the CPU): the KV-cache sampler's
+    /// store on the device, every op's device kernel, its linear layers autograd's device
+    /// linear ([`PolicySampler::set_device`]). [`Sampler::next_logits`] stays on the CPU.
+    pub fn set_device(&mut self, dev: Option<std::sync::Arc<autograd::backend::DeviceBackend>>) {
+        self.dev = dev;
     }
 
     /// The model's vocabulary size (256 for byte-level models).
@@ -171,6 +189,7 @@ impl Sampler {
             ActivationScales::Dynamic,
             &[],
         )?;
+        sampler.set_device(self.dev.clone())?;
         let mut ctx = prompt.to_vec();
         let mut out = Vec::with_capacity(cfg.tokens);
         let mut window = 0u64;

@@ -33,6 +33,8 @@ struct FrozenLinear {
     policy: GemmPolicy,
     stream: u64,
     x_state: QuantState,
+    /// The weight (on a device graph the layer is autograd's device linear on it).
+    param: autograd::ParamId,
 }
 
 /// Whether an input quantizer has a per-tensor scale computed from the tensor's amax.
@@ -93,6 +95,7 @@ impl FrozenLinears {
                 policy,
                 stream,
                 x_state: x_state.clone(),
+                param: w,
             });
         }
         Ok(FrozenLinears {
@@ -136,6 +139,9 @@ impl FrozenLinears {
                 l.cols
             )));
         }
+        if g.device() == autograd::Device::Cuda {
+            return self.apply_device(g, x, index);
+        }
         let m = shape.rows();
         let xv = g.value(x)?;
         let amax = xv.iter().fold(0.0f32, |a, v| a.max(v.abs()));
@@ -175,5 +181,27 @@ impl FrozenLinears {
         *dims.last_mut().expect("rank >= 1") = l.rows;
         let out = g.input(&y, &dims)?;
         Ok((out, amax))
+    }
+
+    /// [`FrozenLinears::apply`] on a device graph: autograd's device linear on the store's
+    /// weight with gradients off (the same quantizers, keys and state as the frozen weight:
+    /// seed 0, step 0, a copy of the layer's state; the weight is quantized per call, the
+    /// same values), its GEMM on tensor cores. The input's amax is computed on the host
+    /// (downloaded). Static activation scales do not run on the device.
+    fn apply_device(
+        &self,
+        g: &mut Graph<'_>,
+        x: Tensor,
+        index: usize,
+    ) -> Result<(Tensor, f32), ModelError> {
+        let l = &self.layers[index];
+        if self.static_amax.is_some() && has_tensor_scale(&l.policy) {
+            return Err(ModelError::Invalid(
+                "static activation scales do not run on a CUDA device yet; use --device cpu".into(),
+            ));
+        }
+        let amax = g.to_vec(x)?.iter().fold(0.0f32, |a, v| a.max(v.abs()));
+        let w = g.param(l.param)?;
+        Ok((g.linear(x, w, None, &l.policy, l.stream)?, amax))
     }
 }

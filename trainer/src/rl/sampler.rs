@@ -159,6 +159,8 @@ pub struct PolicySampler {
     recipe: Recipe,
     scales: ActivationScales,
     frozen: FrozenLinears,
+    /// The CUDA device the forward passes run on (`None`: the CPU).
+    dev: Option<std::sync::Arc<autograd::backend::DeviceBackend>>,
 }
 
 impl PolicySampler {
@@ -180,9 +182,23 @@ impl PolicySampler {
             recipe,
             scales,
             frozen,
+            dev: None,
         };
         s.sync(ps, calibration)?;
         Ok(s)
+    }
+
+    /// Runs the forward passes on `dev` (its store moves there; `None`: back to the CPU).
+    pub fn set_device(
+        &mut self,
+        dev: Option<std::sync::Arc<autograd::backend::DeviceBackend>>,
+    ) -> Result<(), ModelError> {
+        match &dev {
+            Some(d) => self.ps.to_device(d)?,
+            None => self.ps.to_host()?,
+        }
+        self.dev = dev;
+        Ok(())
     }
 
     /// The model.
@@ -205,6 +221,7 @@ impl PolicySampler {
     /// `calibration` (whole sequences, one batch per length) with the new weights, through
     /// [`crate::calibrate::input_amax`] in FP32.
     pub fn sync(&mut self, ps: &ParamStore, calibration: &[Vec<u32>]) -> Result<(), ModelError> {
+        self.ps.to_host()?;
         self.ps.import(&ps.export())?;
         self.frozen = FrozenLinears::new(&self.model, &self.ps, &self.recipe)?;
         if self.scales == ActivationScales::Static {
@@ -237,6 +254,9 @@ impl PolicySampler {
                 .map(|a| a.amax)
                 .collect();
             self.frozen.set_static_amax(amax)?;
+        }
+        if let Some(d) = &self.dev {
+            self.ps.to_device(d)?;
         }
         Ok(())
     }
