@@ -24,8 +24,8 @@
 # Runtime on a 16-core H200 machine: expected 6-8 minutes; the per-step timeouts cap it at
 # about 13 minutes (unit 30 s, cpu 30 s, gpu 200 s, autograd-gpu 120 s, gpu_bench 90 s,
 # train_bench 90 s, trainer on the device 3 x 70 s, the CPU reference runs in the background
-# meanwhile): with the device tool's 600 s limit, lower a timeout if the first run shows one
-# is needed.
+# meanwhile, the sampler on the device: small training 40 s, sample 2 x 30 s, rl 90 s): with
+# the device tool's 600 s limit, lower a timeout if the first run shows one is needed.
 set -uo pipefail
 
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
@@ -287,6 +287,42 @@ if [[ -x "$TRAINER" ]]; then
   for r in bf16 nvfp4; do
     cp "$RUNS/train-cpu-$r/metrics.jsonl" "$OUT/train-cpu-$r.metrics.jsonl" 2>/dev/null
   done
+  # The sampler on the device (trainer/README.md, sample and rl --device): a `small` model
+  # trained 20 steps on the device; greedy NVFP4 samples of 200 tokens on the device and on
+  # the CPU (the same text is expected: logits within 2e-3, trainer tests/device_emulated.rs);
+  # 3 RL steps (16 prompts x 8 completions, plan bf16-nvfp4-dynamic) with the sampler on the
+  # device, and the same on the CPU in the background for the sampler's tokens/s.
+  t1=$(date +%s)
+  timeout 40 "$TRAINER" train --preset small --steps 20 --eval-every 1000 --quiet --recipe bf16 \
+    --device cuda --out "$RUNS/small" > "$OUT/train-cuda-small.txt" 2>&1
+  note "trainer small bf16 --device cuda (20 steps): exit $? in $(( $(date +%s) - t1 )) s"
+  rl=(rl --from "$RUNS/small" --plan bf16-nvfp4-dynamic --steps 3 --prompts 16 --group 8
+    --eval-every 3 --eval-prompts 32 --quiet)
+  RAYON_NUM_THREADS=8 timeout 90 "$TRAINER" "${rl[@]}" --device cpu --out "$RUNS/rl-cpu" \
+    > "$OUT/rl-cpu.txt" 2>&1 &
+  cpu_rl=$!
+  for d in cuda cpu; do
+    t1=$(date +%s%N)
+    timeout 30 "$TRAINER" sample "$RUNS/small" --device "$d" --recipe nvfp4 --temperature 0 \
+      --tokens 200 > "$OUT/sample-$d.txt" 2> "$OUT/sample-$d.err"
+    rc=$?
+    note "trainer sample --device $d (200 tokens, greedy, nvfp4): exit $rc in $(( ($(date +%s%N) - t1) / 1000000 )) ms"
+    [[ $rc -ne 0 ]] && { status=1; tail -3 "$OUT/sample-$d.err" | tee -a "$SUMMARY"; }
+  done
+  if cmp -s "$OUT/sample-cuda.txt" "$OUT/sample-cpu.txt"; then
+    note "sample: device and CPU texts identical"
+  else
+    note "CHECK: sample texts differ between the device and the CPU (see sample-*.txt)"
+  fi
+  t1=$(date +%s)
+  timeout 90 "$TRAINER" "${rl[@]}" --device cuda --out "$RUNS/rl-cuda" > "$OUT/rl-cuda.txt" 2>&1
+  rc=$?
+  note "trainer rl --device cuda (3 steps): exit $rc in $(( $(date +%s) - t1 )) s"
+  [[ $rc -ne 0 ]] && { status=1; tail -3 "$OUT/rl-cuda.txt" | tee -a "$SUMMARY"; }
+  wait "$cpu_rl"
+  for d in cuda cpu; do
+    cp "$RUNS/rl-$d/metrics.jsonl" "$OUT/rl-$d.metrics.jsonl" 2>/dev/null
+  done
   rm -rf "$RUNS"
   python3 - "$OUT" <<'PY' 2>&1 | tee -a "$SUMMARY"
 import json, re, statistics, sys
@@ -309,12 +345,14 @@ def params(run):
 # bound); NVFP4: operands equal the CPU's unless an input within ~1e-6 of a rounding boundary
 # flips a code, which at this size happens somewhere, so the loss is only expected within 1e-2.
 bounds = {"bf16": 2e-3, "nvfp4": 1e-2}
+step_ms = {}
 for r in ["bf16", "nvfp4", "mxfp8"]:
     gpu, n = metrics(f"train-cuda-{r}"), params(f"train-cuda-{r}")
     tps = [m["tokens_per_s"] for m in gpu[3:] if m.get("tokens_per_s", 0) > 0]
     if tps and n and len(gpu) >= 2:
         t = statistics.median(tps)
         per_step = gpu[1]["tokens"] - gpu[0]["tokens"]
+        step_ms[r] = per_step / t * 1e3
         print(f"large {r} on the device: {len(gpu)} steps, median {t:.0f} tokens/s, "
               f"step {per_step / t * 1e3:.0f} ms ({per_step} tokens), "
               f"MFU {6 * n * t / 989e12:.2%} of 989 TFLOP/s (6N = {6 * n:.3g} FLOP/token)")
@@ -326,6 +364,17 @@ for r in ["bf16", "nvfp4", "mxfp8"]:
         flag = "" if g["step"] > 1 or rel <= bounds[r] else "  CHECK: above the step-1 bound"
         print(f"{r} step {g['step']}: loss device {a:.6f} cpu {b:.6f} rel {rel:.2e} "
               f"(step-1 bound {bounds[r]:g}){flag}")
+if "bf16" in step_ms and "nvfp4" in step_ms:
+    q = step_ms["nvfp4"] / step_ms["bf16"]
+    print(f"large nvfp4 / bf16 step time on the device: {q:.2f}x (goal <= 1.3x: "
+          f"{'met' if q <= 1.3 else 'not met'})")
+for d in ["cuda", "cpu"]:
+    m = metrics(f"rl-{d}")
+    s = [x["sampler_tokens_per_s"] for x in m if x.get("sampler_tokens_per_s")]
+    if s:
+        print(f"rl sampler on {d}: {len(m)} steps, median {statistics.median(s):.0f} tokens/s")
+    else:
+        print(f"rl sampler on {d}: no step metrics")
 PY
 else
   note "FAIL: missing $TRAINER"
