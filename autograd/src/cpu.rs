@@ -209,6 +209,17 @@ pub(crate) fn store(acc: bool, d: &mut f32, v: f32) {
     }
 }
 
+/// `*d += v` (`acc`), else `*d = 0 + v`: what a zero-filled gradient that is then added to
+/// holds (`split`'s backward), so fused ops that skip the fill keep its bits (−0 → +0).
+#[inline(always)]
+pub(crate) fn store_over_zero(acc: bool, d: &mut f32, v: f32) {
+    if acc {
+        *d += v;
+    } else {
+        *d = 0.0 + v;
+    }
+}
+
 /// `e^x` (vectorisable; NaN propagates; 0 below −87, saturates at `e^88` above 88).
 #[inline(always)]
 pub(crate) fn exp(x: f32) -> f32 {

@@ -4,7 +4,7 @@
 
 #![allow(dead_code)]
 
-use autograd::{init, Graph, ParamId, ParamStore, Result, Tensor};
+use autograd::{init, Graph, ParamId, ParamStore, QkvAttention, Result, Tensor};
 use quant::GemmPolicy;
 
 /// Model shape.
@@ -77,21 +77,18 @@ impl Block {
         layer: u64,
         policy: &GemmPolicy,
     ) -> Result<Tensor> {
-        let d = cfg.d_model;
         let s = 8 * layer;
         // attention
         let w = g.param(self.attn_norm)?;
         let h = g.rmsnorm(x, w, cfg.eps)?;
         let w = g.param(self.qkv)?;
         let qkv = g.linear(h, w, None, policy, s)?;
-        let parts = g.split(qkv, &[d, d, d])?;
-        let q = g.split_heads(parts[0], cfg.n_heads)?;
-        let k = g.split_heads(parts[1], cfg.n_heads)?;
-        let v = g.split_heads(parts[2], cfg.n_heads)?;
-        let q = g.rope(q, cfg.rope_base, 0)?;
-        let k = g.rope(k, cfg.rope_base, 0)?;
-        let a = g.causal_attention(q, k, v)?;
-        let a = g.merge_heads(a)?;
+        let spec = QkvAttention {
+            heads: cfg.n_heads,
+            rope_base: cfg.rope_base,
+            round_bf16: false,
+        };
+        let a = g.qkv_attention(qkv, spec)?;
         let w = g.param(self.proj)?;
         let a = g.linear(a, w, None, policy, s + 1)?;
         let x = g.add(x, a)?;

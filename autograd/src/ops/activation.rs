@@ -2,7 +2,7 @@
 //! (`silu(gate) ⊙ up`).
 
 use crate::backend::Act;
-use crate::cpu::{exp, for_chunks, sigmoid, store, tanh};
+use crate::cpu::{exp, for_chunks, for_rows, sigmoid, store, store_over_zero, tanh};
 use crate::error::shape_err;
 use crate::graph::backward_fn;
 use crate::{Graph, Result, Tensor};
@@ -102,6 +102,77 @@ impl Graph<'_> {
         Ok(self.push("swiglu", out, sg, bw))
     }
 
+    /// SwiGLU of one tensor `x: [..., 2·H]` whose last axis holds the gate then the up
+    /// projection (a fused gate-and-up linear's output): `silu(x[.., :H]) ⊙ x[.., H:]`,
+    /// `[..., H]`. Bit for bit `split(x, [H, H])` then [`Graph::swiglu`], forward and
+    /// backward, without the two copies and the zero-filled gradient.
+    ///
+    /// ```
+    /// use autograd::{Graph, ParamStore};
+    /// let mut ps = ParamStore::new();
+    /// let mut g = Graph::new(&mut ps);
+    /// let x = g.input(&[2.0, 0.0, 1.0, 3.0], &[1, 4])?; // gate [2, 0], up [1, 3]
+    /// let y = g.swiglu_halves(x)?;
+    /// assert_eq!(g.shape(y)?.dims(), &[1, 2]);
+    /// assert!((g.value(y)?[0] - 1.761_594_2).abs() < 1e-6 && g.value(y)?[1] == 0.0);
+    /// # Ok::<(), autograd::Error>(())
+    /// ```
+    pub fn swiglu_halves(&mut self, x: Tensor) -> Result<Tensor> {
+        let sx = self.shape(x)?;
+        if sx.rank() == 0 || sx.last() % 2 != 0 {
+            return shape_err(
+                "swiglu_halves",
+                format!("expected [..., 2*H] (gate, up), got {sx}"),
+            );
+        }
+        let h = sx.last() / 2;
+        if self.dev.is_some() {
+            let gu = self.split(x, &[h, h])?;
+            return self.swiglu(gu[0], gu[1]);
+        }
+        let shape = sx.with_last(h)?;
+        let mut out = self.alloc(shape.numel());
+        let xv = self.values().get(x);
+        for_rows(
+            out.as_mut_slice(),
+            h,
+            #[inline(always)]
+            |r, y| {
+                let (gv, uv) = xv[2 * r * h..2 * (r + 1) * h].split_at(h);
+                for ((y, &g), &u) in y.iter_mut().zip(gv).zip(uv) {
+                    *y = g * sigmoid(g) * u;
+                }
+            },
+        );
+        let bw = self.needs_grad(&[x]).then(|| {
+            backward_fn(move |ctx, dy| {
+                if let Some(mut g) = ctx.take(x) {
+                    let (acc, xv) = (g.acc(), ctx.vals.get(x));
+                    for_rows(
+                        g.slice(),
+                        2 * h,
+                        #[inline(always)]
+                        |r, row| {
+                            let (dg, du) = row.split_at_mut(h);
+                            let (gv, uv) = xv[2 * r * h..2 * (r + 1) * h].split_at(h);
+                            let dy = &dy[r * h..(r + 1) * h];
+                            for (((d, &dy), &x), &u) in dg.iter_mut().zip(dy).zip(gv).zip(uv) {
+                                store_over_zero(acc, d, dy * u * cpu::silu_grad(x));
+                            }
+                            for ((d, &dy), &x) in du.iter_mut().zip(dy).zip(gv) {
+                                store_over_zero(acc, d, dy * x * sigmoid(x));
+                            }
+                        },
+                    );
+                    g.fresh = false;
+                    ctx.put(x, g);
+                }
+                Ok(())
+            })
+        });
+        Ok(self.push("swiglu_halves", out, shape, bw))
+    }
+
     /// A pointwise op from its value `f(x)` and derivative `f'(x)`.
     /// Generic over the function items so the element loops inline them and vectorise.
     fn pointwise<F, D>(&mut self, name: &'static str, x: Tensor, f: F, df: D) -> Result<Tensor>
@@ -182,7 +253,7 @@ pub(crate) mod cpu {
 #[cfg(test)]
 mod tests {
     use crate::ops::test_util::assert_gradcheck;
-    use crate::{init, ParamStore};
+    use crate::{init, Error, Graph, ParamStore};
 
     #[test]
     fn gradcheck_gelu_silu_swiglu() {
@@ -197,5 +268,47 @@ mod tests {
             let s = g.add(x, y)?;
             g.add(s, z)
         });
+    }
+
+    #[test]
+    fn swiglu_halves_equals_split_then_swiglu_bit_for_bit() {
+        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+        // small, and large enough for the parallel row loops; gradients fresh and accumulated
+        for (rows, h, second) in [
+            (3, 5, false),
+            (3, 5, true),
+            (300, 352, false),
+            (300, 352, true),
+        ] {
+            let xs = init::normal(rows * 2 * h, 2.0, 7);
+            let w = init::normal(rows * h, 1.0, 8);
+            let [fused, chain] = [true, false].map(|fused| {
+                let mut ps = ParamStore::new();
+                let mut g = Graph::new(&mut ps);
+                let x = g.variable(&xs, &[rows, 2 * h]).unwrap();
+                let wt = g.input(&w, &[rows, h]).unwrap();
+                let y = if fused {
+                    g.swiglu_halves(x).unwrap()
+                } else {
+                    let p = g.split(x, &[h, h]).unwrap();
+                    g.swiglu(p[0], p[1]).unwrap()
+                };
+                let yw = g.mul(y, wt).unwrap();
+                let mut l = g.sum(yw).unwrap();
+                if second {
+                    // a second consumer, differentiated first: x's gradient accumulates
+                    let z = g.mul(x, x).unwrap();
+                    let b = g.sum(z).unwrap();
+                    l = g.add(l, b).unwrap();
+                }
+                g.backward(l).unwrap();
+                (bits(g.value(y).unwrap()), bits(g.grad(x).unwrap().unwrap()))
+            });
+            assert_eq!(fused, chain, "{rows}x{h}, second consumer {second}");
+        }
+        let mut ps = ParamStore::new();
+        let mut g = Graph::new(&mut ps);
+        let odd = g.input(&[0.0; 6], &[2, 3]).unwrap();
+        assert!(matches!(g.swiglu_halves(odd), Err(Error::Shape { .. })));
     }
 }

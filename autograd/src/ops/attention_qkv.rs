@@ -18,7 +18,7 @@ use rayon::prelude::*;
 use super::attention::cpu::{head_backward, head_forward, head_view};
 use super::attention::BQ;
 use super::rope::cpu::rotate;
-use crate::cpu::{dot, simd};
+use crate::cpu::{dot, simd, store_over_zero};
 use crate::error::{arg_err, shape_err};
 use crate::graph::backward_fn;
 use crate::{Graph, Result, Shape, Tensor};
@@ -289,19 +289,13 @@ pub(crate) mod cpu {
     }
 
     /// Writes (`acc`: adds) one head's `[T, D]` gradients into a batch row's `[T, 3·C]`
-    /// `dQKV`: dQ and dK rotated back (RoPE's backward), dV as is. A fresh output gets
-    /// `0 + g`, the value the unfused chain's zero-filled `split` gradient held (−0 → +0).
+    /// `dQKV`: dQ and dK rotated back (RoPE's backward), dV as is, with the bits of the
+    /// unfused chain's zero-filled `split` gradient ([`store_over_zero`]).
     #[inline(always)]
     fn scatter(g: &mut [f32], tab: &[f32], dims: Dims, hi: usize, acc: bool, gs: [&[f32]; 3]) {
         let Dims { t, h, d } = dims;
         let c = h * d;
-        let put = |y: &mut f32, v: f32| {
-            if acc {
-                *y += v;
-            } else {
-                *y = 0.0 + v;
-            }
-        };
+        let put = |y: &mut f32, v: f32| store_over_zero(acc, y, v);
         for (p, row) in g.chunks_exact_mut(3 * c).enumerate() {
             let (gq, rest) = row.split_at_mut(c);
             let (gk, gv) = rest.split_at_mut(c);
