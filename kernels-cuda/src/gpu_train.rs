@@ -40,10 +40,14 @@ const TRAIN_MODULES: [(Module, &[&str]); 12] = [
             "nb_amax_rht_col",
             "nb_nvfp4_quantize",
             "nb_nvfp4_dequantize",
+            "nb_nvfp4_to_bf16",
             "nb_f32_to_bf16",
         ],
     ),
-    (crate::ptx::MX, &["nb_mx_quantize", "nb_mx_dequantize"]),
+    (
+        crate::ptx::MX,
+        &["nb_mx_quantize", "nb_mx_dequantize", "nb_mx_to_bf16"],
+    ),
     (crate::ptx::FP8, &["nb_fp8_quantize", "nb_fp8_dequantize"]),
     (
         crate::ptx::ACTIVATION,

@@ -54,6 +54,23 @@ pub trait QuantOps: Launcher {
         out: &mut Self::Buf<f32>,
     ) -> Result<f32>;
 
+    /// Quantizes `x` as [`Self::fake_quantize`] does and returns the copy's values without
+    /// the per-tensor factor as BF16 bits (exact: at most 8 significant bits above 2⁻¹³³),
+    /// stored `[outer, padded K]` with the row length (leading dimension) alongside, and the
+    /// factor: the tensor-core GEMM's operand. NVFP4 and MX decode straight to BF16
+    /// (`nb_nvfp4_to_bf16`, `nb_mx_to_bf16`: the bits of [`Self::fake_quantize`]'s values
+    /// rounded to BF16); FP8 dequantizes, then converts (`nb_f32_to_bf16`).
+    ///
+    /// # Errors
+    /// As [`Self::fake_quantize`].
+    fn quantize_bf16(
+        &self,
+        q: &Quantizer,
+        x: &Self::Buf<f32>,
+        dims: (usize, usize),
+        state: &mut QuantState,
+    ) -> Result<(Self::Buf<u16>, usize, f32)>;
+
     /// Quantizes `x` as [`Self::fake_quantize`] does and returns the quantized copy in the
     /// launcher's buffers (codes and scales laid out as [`quant::QuantizedTensor`]'s), with its
     /// plan side and per-tensor results; `state` as there. The emulator's
@@ -200,62 +217,138 @@ impl<L: Launcher + ?Sized> QuantOps for L {
         let n = elements(rows, cols)?;
         check_len("x", self.len(x), n)?;
         check_len("out", self.len(out), n)?;
-        let QuantBufs {
-            codes,
-            scales,
-            side,
-            args,
-            results: (_, factor),
-        } = self.quantize_to_bufs(q, x, (rows, cols), state)?;
-        let (sr, sc, spc) = (side.rows, side.cols, side.padded_cols);
-        let i = |v: usize| {
-            i32::try_from(v).map_err(|_| KernelError::InvalidArgument(format!("{v} > i32")))
-        };
-        let (pc, ps, po) = (self.ptr(&codes), self.ptr(&scales), self.ptr(out));
-        // SAFETY: the dequantization kernels read the codes and scales the quantization wrote
-        // (sizes from the plan) and write `rows * cols` floats to `out` (checked above).
-        unsafe {
-            match args {
-                Args::Nvfp4(_) => self.launch(
-                    "nb_nvfp4_dequantize",
-                    (self.grid_stride_blocks(sr * spc / 2), 1),
-                    &[
-                        Arg::Ptr(pc),
-                        Arg::Ptr(ps),
-                        Arg::I32(i(sr)?),
-                        Arg::I32(i(sc)?),
-                        Arg::I32(i(spc)?),
-                        Arg::F32(1.0),
-                        Arg::Ptr(po),
-                    ],
-                )?,
-                Args::Mx(a) => self.launch(
-                    "nb_mx_dequantize",
-                    (self.grid_stride_blocks(n), 1),
-                    &[
-                        Arg::Ptr(pc),
-                        Arg::Ptr(ps),
-                        Arg::I32(i(sr)?),
-                        Arg::I32(i(sc)?),
-                        Arg::I32(i(spc)?),
-                        Arg::I32(a.elem),
-                        Arg::F32(1.0),
-                        Arg::Ptr(po),
-                    ],
-                )?,
-                Args::Fp8(a) => self.launch(
-                    "nb_fp8_dequantize",
-                    (self.grid_stride_blocks(n), 1),
-                    &[
-                        Arg::Ptr(pc),
-                        Arg::U64(n as u64),
-                        Arg::I32(a.elem),
-                        Arg::F32(1.0),
-                        Arg::Ptr(po),
-                    ],
-                )?,
+        let bufs = self.quantize_to_bufs(q, x, (rows, cols), state)?;
+        dequantize_f32(self, &bufs, out)?;
+        Ok(bufs.results.1)
+    }
+
+    fn quantize_bf16(
+        &self,
+        q: &Quantizer,
+        x: &Self::Buf<f32>,
+        (rows, cols): (usize, usize),
+        state: &mut QuantState,
+    ) -> Result<(Self::Buf<u16>, usize, f32)> {
+        let n = elements(rows, cols)?;
+        check_len("x", self.len(x), n)?;
+        let bufs = self.quantize_to_bufs(q, x, (rows, cols), state)?;
+        let factor = bufs.results.1;
+        let side = bufs.side;
+        let (sr, spc) = (side.rows, side.padded_cols);
+        let (pc, ps) = (self.ptr(&bufs.codes), self.ptr(&bufs.scales));
+        let padded = elements(sr, spc)?;
+        match bufs.args {
+            Args::Nvfp4(_) | Args::Mx(_) => {
+                let out = self.zeros::<u16>(padded)?;
+                let (r, c) = (i32_of(sr)?, i32_of(spc)?);
+                let po = self.ptr(&out);
+                // SAFETY: the kernels read the `sr x spc` codes and scales the quantization
+                // wrote (sizes from the plan) and write `sr * spc` BF16 values to `out`.
+                unsafe {
+                    match bufs.args {
+                        Args::Mx(a) => self.launch(
+                            "nb_mx_to_bf16",
+                            (self.grid_stride_blocks(padded), 1),
+                            &[
+                                Arg::Ptr(pc),
+                                Arg::Ptr(ps),
+                                Arg::I32(r),
+                                Arg::I32(c),
+                                Arg::I32(a.elem),
+                                Arg::Ptr(po),
+                            ],
+                        )?,
+                        _ => self.launch(
+                            "nb_nvfp4_to_bf16",
+                            (self.grid_stride_blocks(padded / 2), 1),
+                            &[
+                                Arg::Ptr(pc),
+                                Arg::Ptr(ps),
+                                Arg::I32(r),
+                                Arg::I32(c),
+                                Arg::Ptr(po),
+                            ],
+                        )?,
+                    }
+                }
+                Ok((out, spc, factor))
+            }
+            Args::Fp8(_) => {
+                let mut vals = self.zeros::<f32>(n)?;
+                dequantize_f32(self, &bufs, &mut vals)?;
+                let out = self.zeros::<u16>(n)?;
+                let args = [
+                    Arg::Ptr(self.ptr(&vals)),
+                    Arg::U64(n as u64),
+                    Arg::Ptr(self.ptr(&out)),
+                ];
+                // SAFETY: reads and writes n elements.
+                unsafe { self.launch("nb_f32_to_bf16", (self.grid_stride_blocks(n), 1), &args)? };
+                Ok((out, side.cols, factor))
             }
         }
-        Ok(factor)
+    }
+}
+
+fn i32_of(v: usize) -> Result<i32> {
+    i32::try_from(v).map_err(|_| KernelError::InvalidArgument(format!("{v} > i32")))
+}
+
+/// Dequantizes a quantized copy without its per-tensor factor into `out` (`rows · cols`
+/// floats in the copy's stored layout, padding dropped).
+fn dequantize_f32<L: Launcher + ?Sized>(
+    l: &L,
+    bufs: &QuantBufs<L>,
+    out: &mut L::Buf<f32>,
+) -> Result<()> {
+    let side = &bufs.side;
+    let (sr, sc, spc) = (side.rows, side.cols, side.padded_cols);
+    let n = elements(sr, sc)?;
+    check_len("out", l.len(out), n)?;
+    let i = i32_of;
+    let (pc, ps, po) = (l.ptr(&bufs.codes), l.ptr(&bufs.scales), l.ptr(out));
+    // SAFETY: the dequantization kernels read the codes and scales the quantization wrote
+    // (sizes from the plan) and write `rows * cols` floats to `out` (checked above).
+    unsafe {
+        match bufs.args {
+            Args::Nvfp4(_) => l.launch(
+                "nb_nvfp4_dequantize",
+                (l.grid_stride_blocks(sr * spc / 2), 1),
+                &[
+                    Arg::Ptr(pc),
+                    Arg::Ptr(ps),
+                    Arg::I32(i(sr)?),
+                    Arg::I32(i(sc)?),
+                    Arg::I32(i(spc)?),
+                    Arg::F32(1.0),
+                    Arg::Ptr(po),
+                ],
+            ),
+            Args::Mx(a) => l.launch(
+                "nb_mx_dequantize",
+                (l.grid_stride_blocks(n), 1),
+                &[
+                    Arg::Ptr(pc),
+                    Arg::Ptr(ps),
+                    Arg::I32(i(sr)?),
+                    Arg::I32(i(sc)?),
+                    Arg::I32(i(spc)?),
+                    Arg::I32(a.elem),
+                    Arg::F32(1.0),
+                    Arg::Ptr(po),
+                ],
+            ),
+            Args::Fp8(a) => l.launch(
+                "nb_fp8_dequantize",
+                (l.grid_stride_blocks(n), 1),
+                &[
+                    Arg::Ptr(pc),
+                    Arg::U64(n as u64),
+                    Arg::I32(a.elem),
+                    Arg::F32(1.0),
+                    Arg::Ptr(po),
+                ],
+            ),
+        }
     }
 }

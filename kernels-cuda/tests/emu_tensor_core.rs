@@ -102,3 +102,56 @@ fn gemm_tc_runs_the_reference_and_rejects_bad_views() {
     assert!(bad(Bf16Gemm { a: narrow, ..g }, 2 * m * n), "ld < columns");
     assert!(bad(Bf16Gemm { k: 0, ..g }, 2 * m * n), "empty reduction");
 }
+
+/// `QuantOps::quantize_bf16` (the tensor-core GEMM's quantized operands: NVFP4 and MX decoded
+/// straight to BF16, FP8 dequantized then converted) equals `fake_quantize`'s values rounded
+/// to BF16, element for element in the stored layout (the padding beyond K is zero), with the
+/// same factor, for NVFP4 (1x16, 16x16, RNE, SR), MX (E4M3, E2M1) and FP8 (current scaling),
+/// both usages.
+#[test]
+fn quantize_bf16_is_fake_quantize_in_bf16() {
+    use common::{data, fp8_current_cases, mx_cases, nvfp4_cases, quantizer, KEY, USAGES};
+    use fp_formats::mx::{MxElement, ScaleRule};
+    use kernels_cuda::train_quant::QuantOps;
+    use quant::QuantState;
+    let Some(emu) = emu("quantize_bf16_is_fake_quantize_in_bf16") else {
+        return;
+    };
+    let (rows, cols) = (48, 40);
+    let x = data(rows, cols, 11);
+    let dx = emu.upload(&x).unwrap();
+    let mut cases = nvfp4_cases();
+    cases.extend(mx_cases(
+        &[MxElement::E4M3, MxElement::E2M1],
+        &[ScaleRule::Floor],
+    ));
+    cases.extend(fp8_current_cases());
+    let mut checked = 0;
+    for (name, q) in &cases {
+        for usage in USAGES {
+            let qz = quantizer(q, usage, KEY);
+            let mut v = emu.zeros::<f32>(rows * cols).unwrap();
+            let f = emu
+                .fake_quantize(&qz, &dx, (rows, cols), &mut QuantState::new(), &mut v)
+                .unwrap();
+            let (b, ld, fb) = emu
+                .quantize_bf16(&qz, &dx, (rows, cols), &mut QuantState::new())
+                .unwrap();
+            assert_eq!(f.to_bits(), fb.to_bits(), "{name} {usage:?}: factor");
+            let (outer, k) = match usage {
+                quant::Usage::Rowwise => (rows, cols),
+                quant::Usage::Columnwise => (cols, rows),
+            };
+            let (v, b) = (v.to_vec(), b.to_vec());
+            assert!(ld >= k && b.len() == outer * ld, "{name} {usage:?}: layout");
+            for r in 0..outer {
+                for c in 0..ld {
+                    let want = if c < k { bf16_bits_of(v[r * k + c]) } else { 0 };
+                    assert_eq!(b[r * ld + c], want, "{name} {usage:?} [{r}, {c}]");
+                }
+            }
+            checked += 1;
+        }
+    }
+    assert!(checked >= 20, "{checked}");
+}

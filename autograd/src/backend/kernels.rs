@@ -111,6 +111,24 @@ impl<L: Launcher> KernelBackend<L> {
         Ok(out)
     }
 
+    /// A quantized tensor-core GEMM operand: `x` quantized by `q` as in
+    /// [`KernelBackend::fake_quantize`], its values without the factor as BF16 bits in the
+    /// copy's stored layout `[outer, ld]` (`ld` ≥ K, the padding zero); returns the buffer,
+    /// `ld` and the factor (`kernels_cuda::train_quant::QuantOps::quantize_bf16`).
+    ///
+    /// # Errors
+    /// As [`KernelBackend::fake_quantize`].
+    pub fn quantize_bf16(
+        &self,
+        q: &quant::Quantizer,
+        x: &L::Buf<f32>,
+        dims: (usize, usize),
+        state: &mut quant::QuantState,
+    ) -> Result<(L::Buf<u16>, usize, f32)> {
+        use kernels_cuda::train_quant::QuantOps;
+        Ok(self.dev.quantize_bf16(q, x, dims, state)?)
+    }
+
     /// The tensor-core GEMM `c_i = α · op(a_i) · op(b_i) + β · c_i` on BF16 operands with
     /// f32 accumulation (`kernels_cuda::train_tc`: cuBLASLt on a GPU, its host reference
     /// under the emulator).

@@ -6,7 +6,8 @@
 //! (`gemm_stream(layer, role, step)`), dequantized exactly without the per-tensor factor: the
 //! values and factors of quant's `fake_quantize_into`, bit for bit. When both operands of a
 //! GEMM are exactly BF16 (BF16-rounded, or quantized without the per-tensor factor), they are
-//! converted to BF16 bits (`nb_f32_to_bf16`; exact on such values) and multiplied by the
+//! formed as BF16 bits (`nb_f32_to_bf16` for BF16, `nb_nvfp4_to_bf16` / `nb_mx_to_bf16` /
+//! FP8 dequantize-then-convert for quantized copies: exact on such values) and multiplied by the
 //! tensor-core GEMM (`kernels_cuda::train_tc`: cuBLASLt, f32 accumulation, the two factors as
 //! its `alpha`); with an FP32 operand the GEMM is the device's fixed-order f32 `nb_sgemm`.
 //! Every product is exact, so only the accumulation order differs from the CPU's BF16 / f32
@@ -123,7 +124,8 @@ impl Slots {
 /// GEMM), or BF16 bits for the tensor-core GEMM.
 enum Vals<'a> {
     F32(&'a DBuf),
-    Bf16(DeviceBuf<u16>),
+    /// Stored row-major with this many elements per row.
+    Bf16(DeviceBuf<u16>, usize),
 }
 
 /// A formed operand: its values, whether they are `[outer, K]` (the GEMM's TN layout: a
@@ -150,9 +152,9 @@ fn on_tensor_cores(a: Slot, b: Slot, (m, n, k): (usize, usize, usize)) -> bool {
 }
 
 /// Forms the operand of `slot` from `x` (row-major `[rows, cols]`, the tensor before any
-/// transposition), as BF16 bits when `tc` (the values are exactly BF16, so the conversion is
-/// exact; a BF16 operand converts with nearest-even rounding, the same bits as `round_bf16`
-/// then converting); `keep` holds a new f32 buffer.
+/// transposition), as BF16 bits when `tc`: a BF16 operand converts with nearest-even rounding
+/// (the same bits as `round_bf16` then converting), a quantized one decodes straight to BF16
+/// (exact: its values without the factor are BF16 values); `keep` holds a new f32 buffer.
 #[allow(clippy::too_many_arguments)]
 fn form<'a>(
     be: &DeviceBackend,
@@ -167,7 +169,7 @@ fn form<'a>(
     let rowwise = slot.usage == Usage::Rowwise;
     let (vals, tn, factor) = match slot.form {
         Form::AsIs => (Vals::F32(x), rowwise, 1.0),
-        Form::Bf16 if tc => (Vals::Bf16(be.to_bf16(x)?), rowwise, 1.0),
+        Form::Bf16 if tc => (Vals::Bf16(be.to_bf16(x)?, dims.1), rowwise, 1.0),
         Form::Bf16 => {
             let mut r = be.zeros(be.len(x))?;
             be.round_bf16(x, &mut r)?;
@@ -176,11 +178,12 @@ fn form<'a>(
         Form::Quantized => {
             let k = key(keys.seed, keys.stream, slot.role, keys.step)?;
             let qz = Quantizer::new(slot.q, slot.usage)?.with_key(k);
-            let mut r = be.zeros(be.len(x))?;
-            let factor = be.fake_quantize(&qz, x, dims, state, &mut r)?;
             if tc {
-                (Vals::Bf16(be.to_bf16(&r)?), true, factor)
+                let (b, ld, factor) = be.quantize_bf16(&qz, x, dims, state)?;
+                (Vals::Bf16(b, ld), true, factor)
             } else {
+                let mut r = be.zeros(be.len(x))?;
+                let factor = be.fake_quantize(&qz, x, dims, state, &mut r)?;
                 (Vals::F32(keep.insert(r)), true, factor)
             }
         }
@@ -200,17 +203,18 @@ fn tn_gemm(
 ) -> Result<()> {
     let alpha = a.factor * b.factor;
     match (&a.vals, &b.vals) {
-        (Vals::Bf16(ab), Vals::Bf16(bb)) => {
-            // op(A) = A[m, K] (TN) or the transpose of [K, m]; op(B) = B[n, K]ᵀ (TN) or [K, n]
+        (Vals::Bf16(ab, la), Vals::Bf16(bb, lb)) => {
+            // op(A) = A[m, K] (TN) or the transpose of [K, m]; op(B) = B[n, K]ᵀ (TN) or
+            // [K, n]; the rows of quantized copies are padded (ld >= K)
             let va = if a.tn {
-                Bf16View::rows(k)
+                Bf16View::rows(*la)
             } else {
-                Bf16View::cols(m)
+                Bf16View::cols(*la)
             };
             let vb = if b.tn {
-                Bf16View::cols(k)
+                Bf16View::cols(*lb)
             } else {
-                Bf16View::rows(n)
+                Bf16View::rows(*lb)
             };
             let g = Bf16Gemm {
                 beta,
