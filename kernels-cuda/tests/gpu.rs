@@ -975,7 +975,7 @@ fn block_scaled_gemm_is_blackwell_only() {
 /// α and β) on every transposition, padded leading dimensions, batches with a shared operand
 /// and β = 1 against the host reference (`train_tc::reference`, K-order f32 sums) on the same
 /// BF16 operands: within `2 (K + 1) u |α| Σ|a·b| + u |β c|` per element (two f32 summation
-/// orders of exact products, plus the epilogue), `u = 2⁻²⁴`.
+/// orders of exact products, plus the epilogue), `u = 2⁻²⁴`; a second run gives the same bits.
 #[test]
 fn training_bf16_gemm_matches_host_reference() {
     use kernels_cuda::train::Launcher;
@@ -1054,6 +1054,15 @@ fn training_bf16_gemm_matches_host_reference() {
                     let mut dc = Launcher::upload(g, &c0).unwrap();
                     g.gemm_tc(&spec, &a16, &b16, &mut dc).unwrap();
                     let got = Launcher::download(g, &dc).unwrap();
+                    // run to run: the same bits (one stream, our own workspace)
+                    let mut again = Launcher::upload(g, &c0).unwrap();
+                    g.gemm_tc(&spec, &a16, &b16, &mut again).unwrap();
+                    let again = Launcher::download(g, &again).unwrap();
+                    let same = got
+                        .iter()
+                        .zip(&again)
+                        .all(|(x, y)| x.to_bits() == y.to_bits());
+                    assert!(same, "{what}: a second run gave other bits");
                     let mut want = c0.clone();
                     reference(&spec, &ha, &hb, &mut want).unwrap();
                     // Σ|a·b| per element through the reference with |operands|
