@@ -156,11 +156,12 @@ impl Graph<'_> {
                             let (dg, du) = row.split_at_mut(h);
                             let (gv, uv) = xv[2 * r * h..2 * (r + 1) * h].split_at(h);
                             let dy = &dy[r * h..(r + 1) * h];
-                            for (((d, &dy), &x), &u) in dg.iter_mut().zip(dy).zip(gv).zip(uv) {
-                                store_over_zero(acc, d, dy * u * cpu::silu_grad(x));
-                            }
-                            for ((d, &dy), &x) in du.iter_mut().zip(dy).zip(gv) {
-                                store_over_zero(acc, d, dy * x * sigmoid(x));
+                            let grads = dg.iter_mut().zip(du.iter_mut());
+                            for ((dg, du), ((&dy, &x), &u)) in grads.zip(dy.iter().zip(gv).zip(uv))
+                            {
+                                let s = sigmoid(x); // once for both gradients
+                                store_over_zero(acc, dg, dy * u * cpu::silu_grad_with(x, s));
+                                store_over_zero(acc, du, dy * x * s);
                             }
                         },
                     );
@@ -245,7 +246,12 @@ pub(crate) mod cpu {
     /// `d/dx [x σ(x)] = σ(x) (1 + x (1 − σ(x)))`.
     #[inline(always)]
     pub(crate) fn silu_grad(x: f32) -> f32 {
-        let s = sigmoid(x);
+        silu_grad_with(x, sigmoid(x))
+    }
+
+    /// [`silu_grad`] given `s = σ(x)`.
+    #[inline(always)]
+    pub(crate) fn silu_grad_with(x: f32, s: f32) -> f32 {
         s * (1.0 + x * (1.0 - s))
     }
 }

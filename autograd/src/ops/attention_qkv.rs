@@ -218,19 +218,22 @@ pub(crate) mod cpu {
         let Dims { t, h, d } = dims;
         let c = h * d;
         let [q, k, v] = o;
-        for p in 0..t {
-            let (qr, kr) = (&mut q[p * d..(p + 1) * d], &mut k[p * d..(p + 1) * d]);
-            rotate(at(x, 3 * c, p, hi * d, d), tab, t, p, false, |i, y| {
-                qr[i] = y
-            });
-            rotate(at(x, 3 * c, p, c + hi * d, d), tab, t, p, false, |i, y| {
-                kr[i] = y
-            });
-            v[p * d..(p + 1) * d].copy_from_slice(at(x, 3 * c, p, 2 * c + hi * d, d));
-        }
-        if round {
-            for y in q.iter_mut().chain(k.iter_mut()).chain(v.iter_mut()) {
-                *y = fp_formats::round_to_bf16(*y);
+        let set = |y: &mut f32, v: f32| *y = v;
+        for (p, ((qr, kr), vr)) in q
+            .chunks_exact_mut(d)
+            .zip(k.chunks_exact_mut(d))
+            .zip(v.chunks_exact_mut(d))
+            .enumerate()
+        {
+            rotate(at(x, 3 * c, p, hi * d, d), tab, t, p, false, qr, set);
+            rotate(at(x, 3 * c, p, c + hi * d, d), tab, t, p, false, kr, set);
+            vr.copy_from_slice(at(x, 3 * c, p, 2 * c + hi * d, d));
+            if round {
+                for row in [qr, kr, vr] {
+                    for y in row.iter_mut() {
+                        *y = fp_formats::round_to_bf16(*y);
+                    }
+                }
             }
         }
     }
@@ -299,14 +302,12 @@ pub(crate) mod cpu {
         for (p, row) in g.chunks_exact_mut(3 * c).enumerate() {
             let (gq, rest) = row.split_at_mut(c);
             let (gk, gv) = rest.split_at_mut(c);
-            let (gq, gk) = (&mut gq[hi * d..(hi + 1) * d], &mut gk[hi * d..(hi + 1) * d]);
-            rotate(&gs[0][p * d..(p + 1) * d], tab, t, p, true, |i, y| {
-                put(&mut gq[i], y)
-            });
-            rotate(&gs[1][p * d..(p + 1) * d], tab, t, p, true, |i, y| {
-                put(&mut gk[i], y)
-            });
-            for (y, &v) in gv[hi * d..(hi + 1) * d].iter_mut().zip(&gs[2][p * d..]) {
+            let r = hi * d..(hi + 1) * d;
+            let (gq, gk, gv) = (&mut gq[r.clone()], &mut gk[r.clone()], &mut gv[r]);
+            let src = |i: usize| &gs[i][p * d..(p + 1) * d];
+            rotate(src(0), tab, t, p, true, gq, put);
+            rotate(src(1), tab, t, p, true, gk, put);
+            for (y, &v) in gv.iter_mut().zip(src(2)) {
                 put(y, v);
             }
         }

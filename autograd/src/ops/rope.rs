@@ -110,15 +110,15 @@ pub(crate) mod cpu {
             d,
             #[inline(always)]
             |r, row| {
-                rotate(&x[r * d..(r + 1) * d], tab, t, r % t, inverse, |i, v| {
-                    store(acc, &mut row[i], v)
-                })
+                let put = |y: &mut f32, v: f32| store(acc, y, v);
+                rotate(&x[r * d..(r + 1) * d], tab, t, r % t, inverse, row, put)
             },
         );
     }
 
     /// Rotates one `D`-row `x` at position `p` of the `[T, D/2]` cos / sin table `tab`
-    /// (`inverse`: by minus the angles) and hands each output element `(i, y_i)` to `put`.
+    /// (`inverse`: by minus the angles) into `y` through `put(&mut y_i, value)` (a plain
+    /// store, an add, ...).
     #[inline(always)]
     pub(crate) fn rotate(
         x: &[f32],
@@ -126,16 +126,19 @@ pub(crate) mod cpu {
         t: usize,
         p: usize,
         inverse: bool,
-        mut put: impl FnMut(usize, f32),
+        y: &mut [f32],
+        put: impl Fn(&mut f32, f32),
     ) {
         let h = x.len() / 2;
         let sgn = if inverse { -1.0 } else { 1.0 };
         let (c, s) = (&tab[p * h..(p + 1) * h], &tab[(t + p) * h..(t + p + 1) * h]);
         let (x1, x2) = x.split_at(h);
-        for i in 0..h {
-            let (cs, sn) = (c[i], sgn * s[i]);
-            put(i, x1[i] * cs - x2[i] * sn);
-            put(h + i, x1[i] * sn + x2[i] * cs);
+        let (y1, y2) = y[..2 * h].split_at_mut(h);
+        let it = y1.iter_mut().zip(y2.iter_mut()).zip(x1.iter().zip(x2));
+        for (((y1, y2), (&a, &b)), (&cs, &sn)) in it.zip(c.iter().zip(s)) {
+            let sn = sgn * sn;
+            put(y1, a * cs - b * sn);
+            put(y2, a * sn + b * cs);
         }
     }
 }
