@@ -290,13 +290,13 @@ if [[ -x "$TRAINER" ]]; then
   # The sampler on the device (trainer/README.md, sample and rl --device): a `small` model
   # trained 20 steps on the device; greedy NVFP4 samples of 200 tokens on the device and on
   # the CPU (the same text is expected: logits within 2e-3, trainer tests/device_emulated.rs);
-  # 3 RL steps (16 prompts x 8 completions, plan bf16-nvfp4-dynamic) with the sampler on the
-  # device, and the same on the CPU in the background for the sampler's tokens/s.
+  # 3 RL steps (16 prompts x 8 completions, plan bf16-nvfp4: static activation scales) with the
+  # sampler on the device, and the same on the CPU in the background for the sampler's tokens/s.
   t1=$(date +%s)
   timeout 40 "$TRAINER" train --preset small --steps 20 --eval-every 1000 --quiet --recipe bf16 \
     --device cuda --out "$RUNS/small" > "$OUT/train-cuda-small.txt" 2>&1
   note "trainer small bf16 --device cuda (20 steps): exit $? in $(( $(date +%s) - t1 )) s"
-  rl=(rl --from "$RUNS/small" --plan bf16-nvfp4-dynamic --steps 3 --prompts 16 --group 8
+  rl=(rl --from "$RUNS/small" --plan bf16-nvfp4 --steps 3 --prompts 16 --group 8
     --eval-every 3 --eval-prompts 32 --quiet)
   RAYON_NUM_THREADS=8 timeout 90 "$TRAINER" "${rl[@]}" --device cpu --out "$RUNS/rl-cpu" \
     > "$OUT/rl-cpu.txt" 2>&1 &

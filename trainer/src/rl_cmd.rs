@@ -10,7 +10,7 @@ use trainer::rl::compare::{write_report, GridRun};
 use trainer::rl::config::RlConfig;
 use trainer::rl::correction::Correction;
 use trainer::rl::mix::{pretrain_data, MixTokenizer};
-use trainer::rl::plan::{ActivationScales, Plan};
+use trainer::rl::plan::Plan;
 use trainer::rl::run::{RlOptions, RlRun};
 use trainer::rl::tasks::Task;
 use trainer::train::{RunConfig, TrainOptions, Trainer};
@@ -351,7 +351,7 @@ fn run_rl_run(a: RlRunArgs) -> Result<()> {
             .and_then(|s| s.parse().ok()),
         ..RlOptions::default()
     };
-    let mut dev;
+    let dev;
     let mut run = if let Some(dir) = &a.resume {
         if a.seed.is_some() || a.correction.is_some() || a.out.is_some() {
             bail!("--resume continues a run with its own settings; drop --seed, --correction and --out");
@@ -365,13 +365,6 @@ fn run_rl_run(a: RlRunArgs) -> Result<()> {
         };
         let plan = Plan::resolve(&a.plan)?;
         dev = device_cmd::resolve(a.device, "rl", Some(&plan.recipe("sampler")?))?;
-        if dev.0.is_some() && plan.sampler.activation_scales == ActivationScales::Static {
-            let why = "the plan's static activation scales do not run on a CUDA device yet";
-            if a.device == DeviceArg::Cuda {
-                bail!("--device cuda: {why}; use --device cpu or a -dynamic plan");
-            }
-            dev = (None, format!("device: cpu (auto: {why})"));
-        }
         let cfg = a.settings.resolve(a.seed, a.correction.as_deref())?;
         let from = match (&a.from, a.pretrain_steps) {
             (Some(f), _) => f.clone(),

@@ -189,7 +189,8 @@ fn add_checkpoint(dir: &Path) -> std::path::PathBuf {
 }
 
 /// The KV-cache sampler on the emulated device (`sample --device cuda`, the RL sampler):
-/// prefill and decode logits under NVFP4 (every linear but the LM head) and BF16 equal the CPU sampler's within 2e-3
+/// prefill and decode logits under NVFP4 (every linear but the LM head; dynamic and static
+/// activation scales) and BF16 equal the CPU sampler's within 2e-3
 /// Frobenius-relative (the bound of the whole-step comparison: the same ops, the linear
 /// layers' GEMMs on the tensor-core path, whose products are exact and only the summation
 /// order differs, and attention over the cache in tile order), and greedy generation gives
@@ -211,10 +212,23 @@ fn sampler_on_emulated_device_matches_cpu() {
     let model = Gpt::new(&mut ps, ck.model().clone(), 0).unwrap();
     ck.apply(&mut ps).unwrap();
     let prompt: Vec<u32> = b"12+34=".iter().map(|&b| u32::from(b)).collect();
-    for name in ["nvfp4-no-bf16-layers", "bf16"] {
+    let calibration: Vec<Vec<u32>> = ["1+2=3\n", "40+17=57\n", "9+9=18\n"]
+        .iter()
+        .map(|t| t.bytes().map(u32::from).collect())
+        .collect();
+    let cases = [
+        ("nvfp4-no-bf16-layers", ActivationScales::Dynamic),
+        ("nvfp4-no-bf16-layers", ActivationScales::Static),
+        ("bf16", ActivationScales::Dynamic),
+    ];
+    for (name, scales) in cases {
         let r = Recipe::builtin(name).unwrap();
-        let new =
-            || PolicySampler::new(&model, &ps, r.clone(), ActivationScales::Dynamic, &[]).unwrap();
+        let cal = if scales == ActivationScales::Static {
+            &calibration[..]
+        } else {
+            &[]
+        };
+        let new = || PolicySampler::new(&model, &ps, r.clone(), scales, cal).unwrap();
         let (mut c, mut d) = (new(), new());
         d.set_device(Some(dev.clone())).unwrap();
         let cache = || KvCache::new(&model.cfg, 1, 16).unwrap();
@@ -238,7 +252,12 @@ fn sampler_on_emulated_device_matches_cpu() {
             let t = (0..last.len()).fold(0, |m, i| if last[i] > last[m] { i } else { m });
             tokens = vec![t as u32];
         }
-        eprintln!("{name}: sampler logits, device vs CPU, worst Frobenius-relative {worst:.2e}");
+        eprintln!(
+            "{name} {scales:?}: sampler logits, device vs CPU, worst Frobenius-relative {worst:.2e}"
+        );
+        if scales == ActivationScales::Static {
+            continue; // `Sampler::generate` uses dynamic scales
+        }
         let sc = SampleConfig {
             tokens: 6,
             temperature: 0.0,
@@ -256,9 +275,9 @@ fn sampler_on_emulated_device_matches_cpu() {
 }
 
 /// `rl --device cuda`: an RL run whose sampler and evaluator run on the emulated device
-/// (two GRPO steps of 2 prompts x 2 completions, plan `bf16-nvfp4-dynamic`) stops after
-/// step 1 and resumes on the CPU from its checkpoint (the same files on either device),
-/// finishing both steps; a plan with static activation scales is refused on the device.
+/// (two GRPO steps of 2 prompts x 2 completions, plan `bf16-nvfp4`: NVFP4 sampler with static
+/// activation scales) stops after step 1 and resumes on the CPU from its checkpoint (the same
+/// files on either device), finishing both steps.
 #[test]
 fn rl_with_sampler_on_emulated_device_resumes_on_cpu() {
     use trainer::rl::plan::Plan;
@@ -267,7 +286,7 @@ fn rl_with_sampler_on_emulated_device_resumes_on_cpu() {
     let tmp = tempfile::tempdir().unwrap();
     let from = add_checkpoint(tmp.path());
     let out = tmp.path().join("rl");
-    let plan = Plan::builtin("bf16-nvfp4-dynamic").unwrap();
+    let plan = Plan::builtin("bf16-nvfp4").unwrap();
     let opts = RlOptions {
         stop_after: Some(1),
         ..common::quiet_rl()
@@ -281,8 +300,8 @@ fn rl_with_sampler_on_emulated_device_resumes_on_cpu() {
         eval_every: 2,
         ..common::tiny_rl_config(2, 2)
     };
-    let mut run = RlRun::new(cfg.clone(), plan, &from, &out, opts).unwrap();
-    run.set_sampler_device(Some(dev.clone())).unwrap();
+    let mut run = RlRun::new(cfg, plan, &from, &out, opts).unwrap();
+    run.set_sampler_device(Some(dev)).unwrap();
     let e = run.run().unwrap_err().to_string();
     assert!(e.contains("resume with"), "{e}");
     drop(run);

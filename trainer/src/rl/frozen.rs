@@ -145,19 +145,10 @@ impl FrozenLinears {
         let m = shape.rows();
         let xv = g.value(x)?;
         let amax = xv.iter().fold(0.0f32, |a, v| a.max(v.abs()));
-        let clip = self
-            .static_amax
-            .as_ref()
-            .filter(|_| has_tensor_scale(&l.policy))
-            .map(|s| s[index]);
         let clipped: Vec<f32>;
-        let (data, rows) = match clip {
+        let (data, rows) = match self.clip(index) {
             Some(a) => {
-                let mut buf = Vec::with_capacity((m + 1) * l.cols);
-                buf.extend(xv.iter().map(|v| v.clamp(-a, a)));
-                buf.push(a);
-                buf.resize((m + 1) * l.cols, 0.0);
-                clipped = buf;
+                clipped = clip_rows(xv, a, l.cols);
                 (&clipped[..], m + 1)
             }
             None => (xv, m),
@@ -183,11 +174,22 @@ impl FrozenLinears {
         Ok((out, amax))
     }
 
+    /// The calibrated amax that clips layer `index`'s input (static scales on a format with a
+    /// per-tensor scale), if any.
+    fn clip(&self, index: usize) -> Option<f32> {
+        let l = &self.layers[index];
+        self.static_amax
+            .as_ref()
+            .filter(|_| has_tensor_scale(&l.policy))
+            .map(|s| s[index])
+    }
+
     /// [`FrozenLinears::apply`] on a device graph: autograd's device linear on the store's
     /// weight with gradients off (the same quantizers, keys and state as the frozen weight:
     /// seed 0, step 0, a copy of the layer's state; the weight is quantized per call, the
-    /// same values), its GEMM on tensor cores. The input's amax is computed on the host
-    /// (downloaded). Static activation scales do not run on the device.
+    /// same values), its GEMM on tensor cores. The input comes to the host for its amax;
+    /// with static scales the clipped input plus its amax row (as on the CPU) goes back up and
+    /// the extra output row is dropped.
     fn apply_device(
         &self,
         g: &mut Graph<'_>,
@@ -195,13 +197,30 @@ impl FrozenLinears {
         index: usize,
     ) -> Result<(Tensor, f32), ModelError> {
         let l = &self.layers[index];
-        if self.static_amax.is_some() && has_tensor_scale(&l.policy) {
-            return Err(ModelError::Invalid(
-                "static activation scales do not run on a CUDA device yet; use --device cpu".into(),
-            ));
-        }
-        let amax = g.to_vec(x)?.iter().fold(0.0f32, |a, v| a.max(v.abs()));
+        let xv = g.to_vec(x)?;
+        let amax = xv.iter().fold(0.0f32, |a, v| a.max(v.abs()));
         let w = g.param(l.param)?;
-        Ok((g.linear(x, w, None, &l.policy, l.stream)?, amax))
+        let Some(a) = self.clip(index) else {
+            return Ok((g.linear(x, w, None, &l.policy, l.stream)?, amax));
+        };
+        let shape = g.shape(x)?;
+        let m = shape.rows();
+        let xin = g.input(&clip_rows(&xv, a, l.cols), &[m + 1, l.cols])?;
+        let y = g.linear(xin, w, None, &l.policy, l.stream)?;
+        let flat = g.reshape(y, &[1, (m + 1) * l.rows])?;
+        let kept = g.split(flat, &[m * l.rows, l.rows])?[0];
+        let mut dims = shape.dims().to_vec();
+        *dims.last_mut().expect("rank >= 1") = l.rows;
+        Ok((g.reshape(kept, &dims)?, amax))
     }
+}
+
+/// `x` (rows of `cols`) clipped to `±a`, plus one row holding `a` (then zeros): its amax is
+/// exactly the calibrated one (module docs).
+fn clip_rows(x: &[f32], a: f32, cols: usize) -> Vec<f32> {
+    let mut buf = Vec::with_capacity(x.len() + cols);
+    buf.extend(x.iter().map(|v| v.clamp(-a, a)));
+    buf.push(a);
+    buf.resize(x.len() + cols, 0.0);
+    buf
 }

@@ -391,18 +391,11 @@ impl RlRun {
     }
 
     /// Runs the sampler and the held-out evaluator on a CUDA device (`None`: the CPU); the
-    /// RL update stays on the CPU ([`PolicySampler::set_device`]). A plan with static
-    /// activation scales is refused (they do not run on the device yet).
+    /// RL update stays on the CPU ([`PolicySampler::set_device`]).
     pub fn set_sampler_device(
         &mut self,
         dev: Option<std::sync::Arc<autograd::backend::DeviceBackend>>,
     ) -> Result<(), crate::model::ModelError> {
-        if dev.is_some() && self.plan.sampler.activation_scales == ActivationScales::Static {
-            return Err(crate::model::ModelError::Invalid(format!(
-                "plan {}: static activation scales do not run on a CUDA device yet; use --device cpu",
-                self.plan.name
-            )));
-        }
         self.sampler.set_device(dev.clone())?;
         self.evaluator.set_device(dev)
     }
