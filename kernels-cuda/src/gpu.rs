@@ -117,6 +117,7 @@ impl GpuContext {
             fp8_dequantize: fp8.load_function("nb_fp8_dequantize")?,
         };
         let stream = ctx.default_stream();
+        keep_freed_memory(&ctx);
         Ok(GpuContext {
             ctx,
             stream,
@@ -127,6 +128,23 @@ impl GpuContext {
             train: Mutex::new(None),
             name,
         })
+    }
+
+    /// Returns the freed memory the device's stream-ordered pool keeps (see
+    /// [`keep_freed_memory`]) to the driver: what an allocation that failed for lack of memory
+    /// tries before it fails for good. Errors are ignored (nothing to give back).
+    pub(crate) fn trim_pool(&self) {
+        if !self.ctx.has_async_alloc() || self.ctx.bind_to_thread().is_err() {
+            return;
+        }
+        // SAFETY: the device of a live context; the default pool is never destroyed.
+        unsafe {
+            if let Ok(pool) =
+                cudarc::driver::result::device::get_default_mem_pool(self.ctx.cu_device())
+            {
+                cudarc::driver::result::mem_pool::trim_to(pool, 0).ok();
+            }
+        }
     }
 
     /// The device name.
@@ -337,4 +355,30 @@ pub(crate) fn grid_stride_cfg(n: usize) -> LaunchConfig {
 /// A dimension as the kernels' `int`.
 pub(crate) fn to_i32(v: usize) -> Result<i32> {
     i32::try_from(v).map_err(|_| KernelError::Unsupported(format!("dimension {v} exceeds i32")))
+}
+
+/// Keeps freed stream-ordered allocations in the device's default memory pool (release
+/// threshold: unlimited) instead of the default threshold 0, which hands them back to the
+/// driver at every synchronisation: a training step frees and allocates the same sizes every
+/// step (BF16 GEMM operands, quantized codes and scales) and synchronises once per quantized
+/// operand. An allocation that fails for lack of memory trims the pool and tries again
+/// (`GpuContext::trim_pool`). Best effort: a driver without memory pools, or a failing call,
+/// leaves the default.
+fn keep_freed_memory(ctx: &CudaContext) {
+    use cudarc::driver::{result, sys};
+    if !ctx.has_async_alloc() || ctx.bind_to_thread().is_err() {
+        return;
+    }
+    let mut threshold = u64::MAX;
+    // SAFETY: the device of a live context; the attribute takes a u64.
+    unsafe {
+        if let Ok(pool) = result::device::get_default_mem_pool(ctx.cu_device()) {
+            result::mem_pool::set_attribute(
+                pool,
+                sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RELEASE_THRESHOLD,
+                &mut threshold as *mut u64 as *mut std::ffi::c_void,
+            )
+            .ok();
+        }
+    }
 }

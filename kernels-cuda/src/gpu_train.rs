@@ -152,10 +152,16 @@ impl Launcher for GpuContext {
     type Buf<T: Elem> = GpuBuf<T>;
 
     fn zeros<T: Elem>(&self, n: usize) -> Result<GpuBuf<T>> {
-        let data = self
-            .stream
-            .alloc_zeros::<T>(n.max(1))
-            .map_err(|e| oom_or(e, n.max(1) * std::mem::size_of::<T>()))?;
+        let bytes = n.max(1) * std::mem::size_of::<T>();
+        let data = match self.stream.alloc_zeros::<T>(n.max(1)) {
+            // the pool keeps freed memory (`keep_freed_memory`): give it back, try once more
+            Err(e) if e.0 == CUresult::CUDA_ERROR_OUT_OF_MEMORY => {
+                self.trim_pool();
+                self.stream.alloc_zeros::<T>(n.max(1))
+            }
+            r => r,
+        }
+        .map_err(|e| oom_or(e, bytes))?;
         Ok(GpuBuf { data, len: n })
     }
 
