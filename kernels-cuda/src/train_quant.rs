@@ -69,6 +69,37 @@ pub trait QuantOps: Launcher {
         x: &Self::Buf<f32>,
         dims: (usize, usize),
         state: &mut QuantState,
+    ) -> Result<(Self::Buf<u16>, usize, f32)> {
+        let p = self.quantize_bf16_start(q, x, dims, state)?;
+        self.quantize_bf16_finish(p, state)
+    }
+
+    /// The first half of [`Self::quantize_bf16`]: plans and launches every kernel (the amax
+    /// pass, the quantization, the BF16 decode) without waiting for the device;
+    /// [`Self::quantize_bf16_finish`] then copies the amax back (one synchronisation) for the
+    /// factor, the non-finite check and FP8's state. Operands started together and finished
+    /// after the last start synchronise once between them (the later copies find the queue
+    /// empty). `state` must not change in between.
+    ///
+    /// # Errors
+    /// As [`Self::fake_quantize`], except the non-finite check, which
+    /// [`Self::quantize_bf16_finish`] reports.
+    fn quantize_bf16_start(
+        &self,
+        q: &Quantizer,
+        x: &Self::Buf<f32>,
+        dims: (usize, usize),
+        state: &mut QuantState,
+    ) -> Result<PendingBf16<Self>>;
+
+    /// The second half of [`Self::quantize_bf16`] (see [`Self::quantize_bf16_start`]).
+    ///
+    /// # Errors
+    /// [`KernelError::NonFinite`] for NaN or ±Inf input to NVFP4 / MX; copy failures.
+    fn quantize_bf16_finish(
+        &self,
+        p: PendingBf16<Self>,
+        state: &mut QuantState,
     ) -> Result<(Self::Buf<u16>, usize, f32)>;
 
     /// Quantizes `x` as [`Self::fake_quantize`] does and returns the quantized copy in the
@@ -102,6 +133,22 @@ pub struct QuantBufs<L: Launcher + ?Sized> {
     pub results: (f32, f32),
 }
 
+/// A quantization launched but not read back ([`QuantOps::quantize_bf16_start`]).
+pub struct PendingBf16<L: Launcher + ?Sized> {
+    quant: Launched<L>,
+    out: L::Buf<u16>,
+    ld: usize,
+}
+
+/// A quantization whose kernels are launched: its buffers (results not known yet), the amax
+/// and FP8 meta buffers the kernels write, and the plan.
+struct Launched<L: Launcher + ?Sized> {
+    bufs: QuantBufs<L>,
+    amax: L::Buf<u32>,
+    meta: L::Buf<f32>,
+    plan: abi::Plan,
+}
+
 fn check_len(what: &str, got: usize, want: usize) -> Result<()> {
     if got != want {
         return Err(KernelError::InvalidArgument(format!(
@@ -122,92 +169,11 @@ impl<L: Launcher + ?Sized> QuantOps for L {
         &self,
         q: &Quantizer,
         x: &Self::Buf<f32>,
-        (rows, cols): (usize, usize),
+        dims: (usize, usize),
         state: &mut QuantState,
     ) -> Result<QuantBufs<Self>> {
-        let n = elements(rows, cols)?;
-        check_len("x", self.len(x), n)?;
-        let (row, col) = match q.usage() {
-            Usage::Rowwise => (Some(q), None),
-            Usage::Columnwise => (None, Some(q)),
-        };
-        let mut plan = abi::plan(Dims { rows, cols }, row, col, state)?;
-        let side = plan.row.or(plan.col).expect("one side planned");
-        let codes = self.zeros::<u8>(side.codes_len)?;
-        let scales = self.zeros::<u8>(side.scale_len)?;
-        let amax = self.zeros::<u32>(4)?;
-        let meta = self.zeros::<f32>(2)?;
-        let o = OutPtrs {
-            codes: self.ptr(&codes),
-            scales: if side.scale_len > 0 {
-                self.ptr(&scales)
-            } else {
-                0
-            },
-        };
-        let (rp, cp) = match q.usage() {
-            Usage::Rowwise => (o, OutPtrs::default()),
-            Usage::Columnwise => (OutPtrs::default(), o),
-        };
-        let (px, pa) = (self.ptr(x), self.ptr(&amax));
-        plan.set_pointers(px, pa, self.ptr(&meta), rp, cp);
-        let kernel = match plan.args {
-            Args::Nvfp4(_) => "nb_nvfp4_quantize",
-            Args::Mx(_) => "nb_mx_quantize",
-            Args::Fp8(_) => "nb_fp8_quantize",
-        };
-        // SAFETY: every pointer refers to a live buffer of the length the plan asks for (the
-        // plan's sides size the outputs; amax has 4 words, meta 2 floats), and the argument
-        // lists are the kernels' parameter lists (cuda/nvfp4.cu, mx.cu, fp8.cu).
-        unsafe {
-            match plan.amax_pass {
-                AmaxPass::None => {}
-                AmaxPass::Plain => self.launch(
-                    "nb_amax",
-                    (self.grid_stride_blocks(n.div_ceil(4)), 1),
-                    &[Arg::Ptr(px), Arg::U64(n as u64), Arg::Ptr(pa)],
-                )?,
-                AmaxPass::RhtCol => {
-                    let Args::Nvfp4(a) = plan.args else {
-                        unreachable!("the RHT amax pass belongs to NVFP4 plans")
-                    };
-                    self.launch(
-                        "nb_amax_rht_col",
-                        (plan.amax_grid.0, plan.amax_grid.1),
-                        &[
-                            Arg::Ptr(px),
-                            Arg::I32(a.rows),
-                            Arg::I32(a.cols),
-                            Arg::U64(a.rht_mask as u64),
-                            Arg::Ptr(pa),
-                        ],
-                    )?
-                }
-            }
-            self.launch(kernel, (plan.grid.0, plan.grid.1), &[Arg::Quant(plan.args)])?;
-        }
-        let bits = self.download(&amax)?;
-        // only FP8 writes `[scale, scale_inv]` (a second copy back: its queue is empty by now)
-        let m = match plan.args {
-            Args::Fp8(_) => self.download(&meta)?,
-            _ => vec![0.0; 2],
-        };
-        let (rv, cv) = plan.results(&bits, &m)?;
-        if let Args::Fp8(a) = plan.args {
-            let amax = f32::from_bits(bits[0]);
-            if plan.delayed_fp8 {
-                state.record_amax(amax);
-            }
-            let scale = if plan.delayed_fp8 { a.host_scale } else { m[0] };
-            *state = QuantState::restore(state.amax_history().to_vec(), state.scale(), amax, scale);
-        }
-        Ok(QuantBufs {
-            codes,
-            scales,
-            side,
-            args: plan.args,
-            results: rv.or(cv).expect("one side planned"),
-        })
+        let l = launch_quant(self, q, x, dims, state)?;
+        finish_quant(self, l, state)
     }
 
     fn fake_quantize(
@@ -226,30 +192,28 @@ impl<L: Launcher + ?Sized> QuantOps for L {
         Ok(bufs.results.1)
     }
 
-    fn quantize_bf16(
+    fn quantize_bf16_start(
         &self,
         q: &Quantizer,
         x: &Self::Buf<f32>,
         (rows, cols): (usize, usize),
         state: &mut QuantState,
-    ) -> Result<(Self::Buf<u16>, usize, f32)> {
+    ) -> Result<PendingBf16<Self>> {
         let n = elements(rows, cols)?;
-        check_len("x", self.len(x), n)?;
-        let bufs = self.quantize_to_bufs(q, x, (rows, cols), state)?;
-        let factor = bufs.results.1;
-        let side = bufs.side;
+        let quant = launch_quant(self, q, x, (rows, cols), state)?;
+        let side = quant.bufs.side;
         let (sr, spc) = (side.rows, side.padded_cols);
-        let (pc, ps) = (self.ptr(&bufs.codes), self.ptr(&bufs.scales));
+        let (pc, ps) = (self.ptr(&quant.bufs.codes), self.ptr(&quant.bufs.scales));
         let padded = elements(sr, spc)?;
-        match bufs.args {
+        let (out, ld) = match quant.bufs.args {
             Args::Nvfp4(_) | Args::Mx(_) => {
                 let out = self.zeros::<u16>(padded)?;
                 let (r, c) = (i32_of(sr)?, i32_of(spc)?);
                 let po = self.ptr(&out);
                 // SAFETY: the kernels read the `sr x spc` codes and scales the quantization
-                // wrote (sizes from the plan) and write `sr * spc` BF16 values to `out`.
+                // writes (sizes from the plan) and write `sr * spc` BF16 values to `out`.
                 unsafe {
-                    match bufs.args {
+                    match quant.bufs.args {
                         Args::Mx(a) => self.launch(
                             "nb_mx_to_bf16",
                             (self.grid_stride_blocks(padded), 1),
@@ -275,11 +239,12 @@ impl<L: Launcher + ?Sized> QuantOps for L {
                         )?,
                     }
                 }
-                Ok((out, spc, factor))
+                (out, spc)
             }
             Args::Fp8(_) => {
+                // the codes with factor 1 (no per-tensor result needed), then to BF16
                 let mut vals = self.zeros::<f32>(n)?;
-                dequantize_f32(self, &bufs, &mut vals)?;
+                dequantize_f32(self, &quant.bufs, &mut vals)?;
                 let out = self.zeros::<u16>(n)?;
                 let args = [
                     Arg::Ptr(self.ptr(&vals)),
@@ -288,9 +253,19 @@ impl<L: Launcher + ?Sized> QuantOps for L {
                 ];
                 // SAFETY: reads and writes n elements.
                 unsafe { self.launch("nb_f32_to_bf16", (self.grid_stride_blocks(n), 1), &args)? };
-                Ok((out, side.cols, factor))
+                (out, side.cols)
             }
-        }
+        };
+        Ok(PendingBf16 { quant, out, ld })
+    }
+
+    fn quantize_bf16_finish(
+        &self,
+        p: PendingBf16<Self>,
+        state: &mut QuantState,
+    ) -> Result<(Self::Buf<u16>, usize, f32)> {
+        let bufs = finish_quant(self, p.quant, state)?;
+        Ok((p.out, p.ld, bufs.results.1))
     }
 }
 
@@ -355,4 +330,120 @@ fn dequantize_f32<L: Launcher + ?Sized>(
             ),
         }
     }
+}
+
+/// Plans `q` on `x` and launches its amax pass and quantization kernel.
+fn launch_quant<L: Launcher + ?Sized>(
+    l: &L,
+    q: &Quantizer,
+    x: &L::Buf<f32>,
+    (rows, cols): (usize, usize),
+    state: &mut QuantState,
+) -> Result<Launched<L>> {
+    let n = elements(rows, cols)?;
+    check_len("x", l.len(x), n)?;
+    let (row, col) = match q.usage() {
+        Usage::Rowwise => (Some(q), None),
+        Usage::Columnwise => (None, Some(q)),
+    };
+    let mut plan = abi::plan(Dims { rows, cols }, row, col, state)?;
+    let side = plan.row.or(plan.col).expect("one side planned");
+    let codes = l.zeros::<u8>(side.codes_len)?;
+    let scales = l.zeros::<u8>(side.scale_len)?;
+    let amax = l.zeros::<u32>(4)?;
+    let meta = l.zeros::<f32>(2)?;
+    let o = OutPtrs {
+        codes: l.ptr(&codes),
+        scales: if side.scale_len > 0 {
+            l.ptr(&scales)
+        } else {
+            0
+        },
+    };
+    let (rp, cp) = match q.usage() {
+        Usage::Rowwise => (o, OutPtrs::default()),
+        Usage::Columnwise => (OutPtrs::default(), o),
+    };
+    let (px, pa) = (l.ptr(x), l.ptr(&amax));
+    plan.set_pointers(px, pa, l.ptr(&meta), rp, cp);
+    let kernel = match plan.args {
+        Args::Nvfp4(_) => "nb_nvfp4_quantize",
+        Args::Mx(_) => "nb_mx_quantize",
+        Args::Fp8(_) => "nb_fp8_quantize",
+    };
+    // SAFETY: every pointer refers to a live buffer of the length the plan asks for (the
+    // plan's sides size the outputs; amax has 4 words, meta 2 floats), and the argument
+    // lists are the kernels' parameter lists (cuda/nvfp4.cu, mx.cu, fp8.cu).
+    unsafe {
+        match plan.amax_pass {
+            AmaxPass::None => {}
+            AmaxPass::Plain => l.launch(
+                "nb_amax",
+                (l.grid_stride_blocks(n.div_ceil(4)), 1),
+                &[Arg::Ptr(px), Arg::U64(n as u64), Arg::Ptr(pa)],
+            )?,
+            AmaxPass::RhtCol => {
+                let Args::Nvfp4(a) = plan.args else {
+                    unreachable!("the RHT amax pass belongs to NVFP4 plans")
+                };
+                l.launch(
+                    "nb_amax_rht_col",
+                    (plan.amax_grid.0, plan.amax_grid.1),
+                    &[
+                        Arg::Ptr(px),
+                        Arg::I32(a.rows),
+                        Arg::I32(a.cols),
+                        Arg::U64(a.rht_mask as u64),
+                        Arg::Ptr(pa),
+                    ],
+                )?
+            }
+        }
+        l.launch(kernel, (plan.grid.0, plan.grid.1), &[Arg::Quant(plan.args)])?;
+    }
+    let args = plan.args;
+    Ok(Launched {
+        bufs: QuantBufs {
+            codes,
+            scales,
+            side,
+            args,
+            results: (0.0, 0.0),
+        },
+        amax,
+        meta,
+        plan,
+    })
+}
+
+/// Copies a launched quantization's amax back (FP8: and its meta): the per-tensor results,
+/// the non-finite check, FP8's state.
+fn finish_quant<L: Launcher + ?Sized>(
+    l: &L,
+    launched: Launched<L>,
+    state: &mut QuantState,
+) -> Result<QuantBufs<L>> {
+    let Launched {
+        mut bufs,
+        amax,
+        meta,
+        plan,
+    } = launched;
+    let bits = l.download(&amax)?;
+    // only FP8 writes `[scale, scale_inv]` (a second copy back: its queue is empty by now)
+    let m = match plan.args {
+        Args::Fp8(_) => l.download(&meta)?,
+        _ => vec![0.0; 2],
+    };
+    let (rv, cv) = plan.results(&bits, &m)?;
+    if let Args::Fp8(a) = plan.args {
+        let amax = f32::from_bits(bits[0]);
+        if plan.delayed_fp8 {
+            state.record_amax(amax);
+        }
+        let scale = if plan.delayed_fp8 { a.host_scale } else { m[0] };
+        *state = QuantState::restore(state.amax_history().to_vec(), state.scale(), amax, scale);
+    }
+    bufs.results = rv.or(cv).expect("one side planned");
+    Ok(bufs)
 }

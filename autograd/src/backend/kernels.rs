@@ -129,6 +129,37 @@ impl<L: Launcher> KernelBackend<L> {
         Ok(self.dev.quantize_bf16(q, x, dims, state)?)
     }
 
+    /// [`KernelBackend::quantize_bf16`]'s first half: every kernel launched, nothing read
+    /// back (`kernels_cuda::train_quant::QuantOps::quantize_bf16_start`).
+    ///
+    /// # Errors
+    /// As [`KernelBackend::fake_quantize`], but for the non-finite check.
+    pub fn quantize_bf16_start(
+        &self,
+        q: &quant::Quantizer,
+        x: &L::Buf<f32>,
+        dims: (usize, usize),
+        state: &mut quant::QuantState,
+    ) -> Result<kernels_cuda::train_quant::PendingBf16<L>> {
+        use kernels_cuda::train_quant::QuantOps;
+        Ok(self.dev.quantize_bf16_start(q, x, dims, state)?)
+    }
+
+    /// [`KernelBackend::quantize_bf16`]'s second half: the amax read back (one
+    /// synchronisation for everything started before it), the factor, the non-finite check,
+    /// FP8's state.
+    ///
+    /// # Errors
+    /// NaN or ±Inf input to NVFP4 / MX; copy failures.
+    pub fn quantize_bf16_finish(
+        &self,
+        p: kernels_cuda::train_quant::PendingBf16<L>,
+        state: &mut quant::QuantState,
+    ) -> Result<(L::Buf<u16>, usize, f32)> {
+        use kernels_cuda::train_quant::QuantOps;
+        Ok(self.dev.quantize_bf16_finish(p, state)?)
+    }
+
     /// The tensor-core GEMM `c_i = α · op(a_i) · op(b_i) + β · c_i` on BF16 operands with
     /// f32 accumulation (`kernels_cuda::train_tc`: cuBLASLt on a GPU, its host reference
     /// under the emulator).

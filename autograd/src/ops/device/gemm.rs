@@ -19,10 +19,11 @@
 
 use quant::{GemmPolicy, OperandQuant, QuantFormat, QuantState, Quantizer, Usage};
 
+use kernels_cuda::train_quant::PendingBf16;
 use kernels_cuda::train_tc::{Bf16Gemm, Bf16View};
 
 use super::{dev_backward, no_kernel, DBuf};
-use crate::backend::{Backend, DeviceBackend, DeviceBuf};
+use crate::backend::{Backend, DeviceBackend, DeviceBuf, DeviceLauncher};
 use crate::quant_state::{key, st2, LinearQuantState, OperandRole};
 use crate::{Graph, Result, Shape, Tensor};
 
@@ -151,12 +152,39 @@ fn on_tensor_cores(a: Slot, b: Slot, (m, n, k): (usize, usize, usize)) -> bool {
     a.form != Form::AsIs && b.form != Form::AsIs && m * n * k > 0
 }
 
-/// Forms the operand of `slot` from `x` (row-major `[rows, cols]`, the tensor before any
-/// transposition), as BF16 bits when `tc`: a BF16 operand converts with nearest-even rounding
-/// (the same bits as `round_bf16` then converting), a quantized one decodes straight to BF16
-/// (exact: its values without the factor are BF16 values); `keep` holds a new f32 buffer.
+/// An operand being formed: ready, or a quantization launched on the device whose factor
+/// (and non-finite check) comes back with [`Forming::finish`]. A layer starts every operand
+/// it needs before finishing any, so the device synchronises once per pass (forward,
+/// backward) rather than once per quantized operand.
+enum Forming<'a> {
+    Ready(Operand<'a>),
+    Pending(Box<PendingBf16<DeviceLauncher>>),
+}
+
+impl<'a> Forming<'a> {
+    /// The operand, once its quantization's amax is back (`state` as at the start).
+    fn finish(self, be: &DeviceBackend, state: &mut QuantState) -> Result<Operand<'a>> {
+        Ok(match self {
+            Forming::Ready(o) => o,
+            Forming::Pending(p) => {
+                let (b, ld, factor) = be.quantize_bf16_finish(*p, state)?;
+                Operand {
+                    vals: Vals::Bf16(b, ld),
+                    tn: true,
+                    factor,
+                }
+            }
+        })
+    }
+}
+
+/// Starts forming the operand of `slot` from `x` (row-major `[rows, cols]`, the tensor before
+/// any transposition), as BF16 bits when `tc`: a BF16 operand converts with nearest-even
+/// rounding (the same bits as `round_bf16` then converting), a quantized one decodes straight
+/// to BF16 (exact: its values without the factor are BF16 values) and is finished later;
+/// `keep` holds a new f32 buffer.
 #[allow(clippy::too_many_arguments)]
-fn form<'a>(
+fn start<'a>(
     be: &DeviceBackend,
     x: &'a DBuf,
     dims: (usize, usize),
@@ -165,30 +193,30 @@ fn form<'a>(
     state: &mut QuantState,
     keep: &'a mut Option<DBuf>,
     tc: bool,
-) -> Result<Operand<'a>> {
+) -> Result<Forming<'a>> {
     let rowwise = slot.usage == Usage::Rowwise;
-    let (vals, tn, factor) = match slot.form {
-        Form::AsIs => (Vals::F32(x), rowwise, 1.0),
-        Form::Bf16 if tc => (Vals::Bf16(be.to_bf16(x)?, dims.1), rowwise, 1.0),
+    let ready = |vals, tn, factor| Ok(Forming::Ready(Operand { vals, tn, factor }));
+    match slot.form {
+        Form::AsIs => ready(Vals::F32(x), rowwise, 1.0),
+        Form::Bf16 if tc => ready(Vals::Bf16(be.to_bf16(x)?, dims.1), rowwise, 1.0),
         Form::Bf16 => {
             let mut r = be.zeros(be.len(x))?;
             be.round_bf16(x, &mut r)?;
-            (Vals::F32(keep.insert(r)), rowwise, 1.0)
+            ready(Vals::F32(keep.insert(r)), rowwise, 1.0)
         }
         Form::Quantized => {
             let k = key(keys.seed, keys.stream, slot.role, keys.step)?;
             let qz = Quantizer::new(slot.q, slot.usage)?.with_key(k);
             if tc {
-                let (b, ld, factor) = be.quantize_bf16(&qz, x, dims, state)?;
-                (Vals::Bf16(b, ld), true, factor)
+                let p = be.quantize_bf16_start(&qz, x, dims, state)?;
+                Ok(Forming::Pending(Box::new(p)))
             } else {
                 let mut r = be.zeros(be.len(x))?;
                 let factor = be.fake_quantize(&qz, x, dims, state, &mut r)?;
-                (Vals::F32(keep.insert(r)), true, factor)
+                ready(Vals::F32(keep.insert(r)), true, factor)
             }
         }
-    };
-    Ok(Operand { vals, tn, factor })
+    }
 }
 
 /// `c (+)= op(A) · op(B)ᵀ · (f_A · f_B)` for the TN GEMM `c[m, n] = A[m, K] · B[n, K]ᵀ`: the
@@ -281,8 +309,9 @@ impl Graph<'_> {
         let (sa, sb) = st2(state, OperandRole::FpropX, OperandRole::FpropW);
         let (mut kx, mut kw) = (None, None);
         let tc = on_tensor_cores(s.fx, s.fw, (m, n_out, n_in));
-        let xa = form(&be, v.dev(x)?, (m, n_in), s.fx, keys, sa, &mut kx, tc)?;
-        let wb = form(&be, v.dev(w)?, (n_out, n_in), s.fw, keys, sb, &mut kw, tc)?;
+        let xa = start(&be, v.dev(x)?, (m, n_in), s.fx, keys, sa, &mut kx, tc)?;
+        let wb = start(&be, v.dev(w)?, (n_out, n_in), s.fw, keys, sb, &mut kw, tc)?;
+        let (xa, wb) = (xa.finish(&be, sa)?, wb.finish(&be, sb)?);
         let mut y = be.zeros(m * n_out)?;
         tn_gemm(&be, (m, n_out, n_in), &xa, &wb, 0.0, &mut y)?;
         if let Some(b) = bias {
@@ -300,27 +329,46 @@ impl Graph<'_> {
                 };
                 let mut st = std::mem::take(state);
                 let r = (|| -> Result<()> {
-                    if let Some(mut g) = ctx.take(x)? {
-                        let (sa, sb) = st2(&mut st, OperandRole::DgradDy, OperandRole::DgradW);
-                        let (mut k1, mut k2) = (None, None);
-                        let tc = on_tensor_cores(s.dy, s.dw, (m, n_in, n_out));
-                        let dya = form(be, dy, (m, n_out), s.dy, keys, sa, &mut k1, tc)?;
-                        let wv = ctx.val(w)?;
-                        let wc = form(be, wv, (n_out, n_in), s.dw, keys, sb, &mut k2, tc)?;
+                    // OperandRole order: FpropX, FpropW, DgradDy, DgradW, WgradDy, WgradX
+                    let [_, _, s_dy, s_dw, s_wdy, s_wx] = &mut st.operands;
+                    let (gx, gw) = (ctx.take(x)?, ctx.take(w)?);
+                    let (wv, xv) = (ctx.val(w)?, ctx.val(x)?);
+                    let (mut k1, mut k2, mut k3, mut k4) = (None, None, None, None);
+                    let (dgrad, wgrad) = ((m, n_in, n_out), (n_out, n_in, m));
+                    // every operand launched before any is finished: one synchronisation
+                    let d = match gx {
+                        Some(_) => {
+                            let tc = on_tensor_cores(s.dy, s.dw, dgrad);
+                            let a = start(be, dy, (m, n_out), s.dy, keys, s_dy, &mut k1, tc)?;
+                            let b = start(be, wv, (n_out, n_in), s.dw, keys, s_dw, &mut k2, tc)?;
+                            Some((a, b))
+                        }
+                        None => None,
+                    };
+                    let wg = match gw {
+                        Some(_) => {
+                            let tc = on_tensor_cores(s.wdy, s.wx, wgrad);
+                            let a = start(be, dy, (m, n_out), s.wdy, keys, s_wdy, &mut k3, tc)?;
+                            let b = start(be, xv, (m, n_in), s.wx, keys, s_wx, &mut k4, tc)?;
+                            Some((a, b))
+                        }
+                        None => None,
+                    };
+                    let mut done = Vec::with_capacity(2);
+                    if let (Some(mut g), Some((a, b))) = (gx, d) {
+                        let (a, b) = (a.finish(be, s_dy)?, b.finish(be, s_dw)?);
                         let beta = g.beta();
-                        tn_gemm(be, (m, n_in, n_out), &dya, &wc, beta, &mut g.buf)?;
-                        ctx.put(x, g)?;
+                        tn_gemm(be, dgrad, &a, &b, beta, &mut g.buf)?;
+                        done.push((x, g));
                     }
-                    if let Some(mut g) = ctx.take(w)? {
-                        let (sa, sb) = st2(&mut st, OperandRole::WgradDy, OperandRole::WgradX);
-                        let (mut k1, mut k2) = (None, None);
-                        let tc = on_tensor_cores(s.wdy, s.wx, (n_out, n_in, m));
-                        let dyc = form(be, dy, (m, n_out), s.wdy, keys, sa, &mut k1, tc)?;
-                        let xv = ctx.val(x)?;
-                        let xc = form(be, xv, (m, n_in), s.wx, keys, sb, &mut k2, tc)?;
+                    if let (Some(mut g), Some((a, b))) = (gw, wg) {
+                        let (a, b) = (a.finish(be, s_wdy)?, b.finish(be, s_wx)?);
                         let beta = g.beta();
-                        tn_gemm(be, (n_out, n_in, m), &dyc, &xc, beta, &mut g.buf)?;
-                        ctx.put(w, g)?;
+                        tn_gemm(be, wgrad, &a, &b, beta, &mut g.buf)?;
+                        done.push((w, g));
+                    }
+                    for (t, g) in done {
+                        ctx.put(t, g)?;
                     }
                     Ok(())
                 })();
