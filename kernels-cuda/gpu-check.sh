@@ -221,7 +221,7 @@ if grep -qE 'SKIP [a-z0-9_]+: ' "$TESTLOG"; then
   grep -oE 'SKIP [a-z0-9_]+: .*' "$TESTLOG" | head -5 | tee -a "$SUMMARY"
   status=1
 fi
-grep -E 'worst \|diff\|' "$TESTLOG" | tee -a "$SUMMARY"
+grep -E 'worst \|(diff|cuBLASLt)' "$TESTLOG" | tee -a "$SUMMARY"
 note "training kernels vs the CPU ops (autograd tests/cuda_gpu.rs):"
 grep -E 'of the bound|worst gradient rel error' "$TESTLOG" | tee -a "$SUMMARY"
 note "per-test start times (test-gpu):"
