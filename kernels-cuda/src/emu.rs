@@ -209,15 +209,10 @@ impl Launcher for Emu {
         g: &crate::train_tc::Bf16Gemm,
         p: crate::train_tc::Bf16GemmPtrs,
     ) -> Result<()> {
-        let (sa, sb) = g.stored();
-        let len = |(rows, cols): (usize, usize), v: crate::train_tc::Bf16View| {
-            if g.batch == 0 || rows == 0 || cols == 0 {
-                0
-            } else {
-                (g.batch - 1) * v.item + (rows - 1) * v.ld + cols
-            }
-        };
-        let (la, lb, lc) = (len(sa, g.a), len(sb, g.b), g.batch * g.m * g.n);
+        let (la, lb) = g.extents().ok_or_else(|| {
+            KernelError::InvalidArgument(format!("gemm_tc: {g:?} overflows the address space"))
+        })?;
+        let lc = g.batch * g.m * g.n;
         // SAFETY: the caller guarantees that the pointers cover what `g` reads and writes
         // (exactly these extents); A and B are BF16 buffers, C an f32 buffer of its own.
         let (a, b, c) = unsafe {

@@ -145,6 +145,16 @@ impl Bf16Gemm {
         )
     }
 
+    /// How many elements of `A` and `B` the views reach (one past the last read), or `None`
+    /// on overflow.
+    pub fn extents(&self) -> Option<(usize, usize)> {
+        let (sa, sb) = self.stored();
+        Some((
+            extent(self.batch, sa, self.a)?,
+            extent(self.batch, sb, self.b)?,
+        ))
+    }
+
     /// Checks the views against buffers of `len_a`, `len_b` BF16 and `len_c` f32 elements:
     /// every leading dimension covers its row, every read lies inside its buffer, `C` has
     /// exactly `batch · m · n` elements, `k > 0` and the sizes fit cuBLASLt's integer types.
