@@ -89,8 +89,8 @@ def gemm_part(frames):
 
 
 OPS = [
-    ("attention", "attention (sgemm, softmax)"),
-    ("shape_ops", "shape ops (head split/merge)"),
+    ("attention", "attention (head gather with RoPE, sgemm, softmax)"),
+    ("shape_ops", "shape ops (split, transpose)"),
     ("activation.rs", "activations"),
     ("norm.rs", "norms"),
     ("rope", "RoPE"),
