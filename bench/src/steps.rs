@@ -121,40 +121,7 @@ fn run_child(
 /// Parent: the recipe comparison (`rounds` rounds in one 2-thread child) and the thread
 /// scaling (`scaling_rounds` pairs of 1- and 2-thread FP32 children), then the metrics.
 pub fn suite(rounds: usize, scaling_rounds: usize) -> Result<Vec<Metric>> {
-    let res = run_child(PRESET, RECIPES, 2, 1, rounds)?;
-    let r = Rounds::from_times(RECIPES.to_vec(), res.secs);
-    let tokens = res.tokens_per_step;
-    let mut out = Vec::new();
-    let what = format!(
-        "trainer preset `{PRESET}` on the embedded corpus, {tokens} tokens/step, fwd+bwd+clip+AdamW"
-    );
-    for &recipe in RECIPES {
-        let ms = 1e3 * r.median_secs(recipe);
-        eprintln!("  {recipe:<12} {ms:8.1} ms/step (median of {rounds}, 2 threads)");
-        out.push(Metric::absolute(
-            format!("step/{recipe}/ms"),
-            ms,
-            "ms",
-            Better::Lower,
-            format!("median step time, 2 threads, {what}"),
-        ));
-        out.push(Metric::absolute(
-            format!("step/{recipe}/tokens_per_s"),
-            tokens as f64 / (ms / 1e3),
-            "tok/s",
-            Better::Higher,
-            format!("2 threads, {what}"),
-        ));
-        if recipe != "fp32" {
-            out.push(Metric::ratio(
-                format!("step/{recipe}/vs_fp32"),
-                r.ratio(recipe, "fp32"),
-                Basis::Compute,
-                Better::Lower,
-                format!("step time / FP32 step time (steps interleaved in one process), 2 threads, {what}"),
-            ));
-        }
-    }
+    let (mut out, what) = per_recipe(PRESET, rounds, true)?;
     // Thread scaling: alternate 1- and 2-thread children (order flipped every round).
     let mut per = [Vec::new(), Vec::new()];
     for round in 0..scaling_rounds {
@@ -179,34 +146,61 @@ pub fn suite(rounds: usize, scaling_rounds: usize) -> Result<Vec<Metric>> {
 }
 
 /// Another preset's steps per recipe (`base`: the larger model the goals name), in
-/// one 2-thread child, reported, not gated: `step_<preset>/<recipe>/{ms,vs_fp32}`. A `base`
-/// step is about ten times the default model's, so a gated figure would cost CI minutes.
+/// one 2-thread child, reported, not gated: `step_<preset>/<recipe>/{ms,tokens_per_s,vs_fp32}`.
+/// A `base` step is about ten times the default model's, so a gated figure would cost CI
+/// minutes.
 pub fn preset_suite(preset: &str, rounds: usize) -> Result<Vec<Metric>> {
+    Ok(per_recipe(preset, rounds, false)?.0)
+}
+
+/// Every recipe's step in one 2-thread child: median ms, tokens/s and the ratio to the FP32
+/// step, named `step/...` and gated for the default preset (`gated`), `step_<preset>/...` and
+/// reported otherwise; also the description of what was measured.
+fn per_recipe(preset: &str, rounds: usize, gated: bool) -> Result<(Vec<Metric>, String)> {
     let res = run_child(preset, RECIPES, 2, 1, rounds)?;
     let r = Rounds::from_times(RECIPES.to_vec(), res.secs);
+    let tokens = res.tokens_per_step;
+    let prefix = if gated {
+        "step".to_string()
+    } else {
+        format!("step_{preset}")
+    };
     let what = format!(
-        "trainer preset `{preset}` on the embedded corpus, {} tokens/step, fwd+bwd+clip+AdamW, 2 threads",
-        res.tokens_per_step
+        "trainer preset `{preset}` on the embedded corpus, {tokens} tokens/step, fwd+bwd+clip+AdamW"
     );
     let mut out = Vec::new();
     for &recipe in RECIPES {
         let ms = 1e3 * r.median_secs(recipe);
         eprintln!("  {preset} {recipe:<12} {ms:8.1} ms/step (median of {rounds}, 2 threads)");
         out.push(Metric::absolute(
-            format!("step_{preset}/{recipe}/ms"),
+            format!("{prefix}/{recipe}/ms"),
             ms,
             "ms",
             Better::Lower,
-            format!("median step time, {what}"),
+            format!("median step time, 2 threads, {what}"),
         ));
-        if recipe != "fp32" {
-            out.push(Metric::reported_ratio(
-                format!("step_{preset}/{recipe}/vs_fp32"),
-                r.ratio(recipe, "fp32"),
-                Better::Lower,
-                format!("step time / FP32 step time (steps interleaved in one process), {what}"),
-            ));
+        out.push(Metric::absolute(
+            format!("{prefix}/{recipe}/tokens_per_s"),
+            tokens as f64 / (ms / 1e3),
+            "tok/s",
+            Better::Higher,
+            format!("2 threads, {what}"),
+        ));
+        if recipe == "fp32" {
+            continue;
         }
+        let (name, ratio) = (
+            format!("{prefix}/{recipe}/vs_fp32"),
+            r.ratio(recipe, "fp32"),
+        );
+        let note = format!(
+            "step time / FP32 step time (steps interleaved in one process), 2 threads, {what}"
+        );
+        out.push(if gated {
+            Metric::ratio(name, ratio, Basis::Compute, Better::Lower, note)
+        } else {
+            Metric::reported_ratio(name, ratio, Better::Lower, note)
+        });
     }
-    Ok(out)
+    Ok((out, what))
 }
