@@ -150,7 +150,14 @@ fn within(what: &str, got: &[f32], want: &[f32], s: &[f64], k: usize, extra: &[f
 /// Every quantized built-in policy, two steps each: the device layer equals the CPU layer on
 /// identical inputs within the accumulation-order bound derived in the module docs.
 pub fn quantized_linear_matches_cpu_layer(dev: &Arc<DeviceBackend>) {
-    for name in ["bf16", "nvfp4", "mxfp8", "mxfp4", "fp8-current", "fp8-delayed"] {
+    for name in [
+        "bf16",
+        "nvfp4",
+        "mxfp8",
+        "mxfp4",
+        "fp8-current",
+        "fp8-delayed",
+    ] {
         let p = GemmPolicy::preset(name).unwrap();
         let cpu = run(&p, None, 2);
         let gpu = run(&p, Some(dev), 2);
