@@ -25,6 +25,9 @@
 
 use std::fmt;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use autograd::backend::{Backend, DeviceBackend};
 
 use crate::recipe::Recipe;
 use crate::report::{self, RunResult};
@@ -83,6 +86,10 @@ pub struct Comparison {
     pub overwrite: bool,
     /// The command that started the comparison, quoted in the report's header.
     pub command: String,
+    /// Where every run trains: `None` on the CPU, else on this CUDA device through
+    /// [`Trainer::set_device`] (the runs one after another, as always). A run resumed from
+    /// its checkpoint continues on this device whichever device wrote the checkpoint.
+    pub device: Option<Arc<DeviceBackend>>,
 }
 
 /// What happened to one run of a comparison, as it happens.
@@ -216,6 +223,7 @@ impl Comparison {
             quiet: false,
             overwrite: false,
             command: String::new(),
+            device: None,
         }
     }
 
@@ -345,6 +353,7 @@ impl Comparison {
                 tr.set_overwrite(self.overwrite);
                 tr
             };
+            tr.set_device(self.device.clone())?;
             let summary = match tr.run() {
                 Ok(s) => s,
                 Err(e @ (TrainError::Stopped { .. } | TrainError::RunDir(_))) => {
@@ -386,7 +395,7 @@ impl Comparison {
         })
     }
 
-    /// The report's header: model, batch, data, seeds and the command.
+    /// The report's header: model, batch, data, seeds, device and the command.
     fn header(&self, seeds: &[u64]) -> String {
         let (m, t) = (&self.run.model, &self.run.train);
         let seeds = match seeds {
@@ -395,7 +404,7 @@ impl Comparison {
             [] => String::new(),
         };
         format!(
-            "# Recipe comparison\n\nModel: {} blocks, d_model {}, {} heads, hidden {}, seq {}, batch {} x {} micro-batches; data: {:?}; {seeds}.\n\nRun: `trainer compare{}`\n",
+            "# Recipe comparison\n\nModel: {} blocks, d_model {}, {} heads, hidden {}, seq {}, batch {} x {} micro-batches; data: {:?}; {seeds}; device: {}.\n\nRun: `trainer compare{}`\n",
             m.n_layers,
             m.d_model,
             m.n_heads,
@@ -404,6 +413,7 @@ impl Comparison {
             t.batch,
             t.grad_accum,
             self.run.data,
+            self.device.as_deref().map_or("cpu", Backend::name),
             self.command
         )
     }

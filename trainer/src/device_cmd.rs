@@ -5,12 +5,15 @@
 //!
 //! `train` runs its forward and backward passes on a CUDA device through autograd's `Graph`
 //! ([`trainer::train::Trainer::set_device`]) when the device linear runs every GEMM operand of
-//! the recipe (FP32, BF16, FP8, MXFP8 / MXFP4, NVFP4: every built-in recipe). `sample` runs
-//! its KV-cache sampler there (`trainer::sample::Sampler::set_device`), `rl` its sampler and
-//! held-out evaluation (`trainer::rl::run::RlRun::set_sampler_device`; the RL update stays on
-//! the CPU; `rl`'s default is `cpu`). `compare` runs on the CPU. `--device cuda` where the
-//! command cannot use the device is an error before anything is written; `auto` then chooses
-//! the CPU and says why.
+//! the recipe (FP32, BF16, FP8, MXFP8 / MXFP4, NVFP4: every built-in recipe). `compare` trains
+//! each of its runs there the same way (`trainer::compare::Comparison::device`; the runs go one
+//! after another, as they do on the CPU, and the report names the device); `auto` picks the
+//! device only when every recipe compared can use it. `sample` runs its KV-cache sampler there
+//! (`trainer::sample::Sampler::set_device`), `rl` its sampler, held-out evaluation
+//! (`trainer::rl::run::RlRun::set_sampler_device`) and update (the policy's forward, backward
+//! and AdamW: `trainer::rl::run::RlRun::set_update_device`); `rl`'s default is `cpu`, and a
+//! resumed run's plan is checked once its checkpoint is read. `--device cuda` where a recipe cannot use the device is an error before
+//! anything is written; `auto` then chooses the CPU and says why.
 
 use std::sync::Arc;
 
@@ -48,20 +51,20 @@ fn recipe_blocker(recipe: &Recipe) -> Option<String> {
         })
 }
 
-/// Resolves `arg` for `command`: the device to train on (`None`: the CPU) and the line that
-/// says so (`device: ...`). `recipe` is the recipe `train` runs (`None` for commands that
-/// never use the device). `--device cuda` fails here, before any output is written.
+/// Why one of `recipes` cannot run on the device, if one cannot.
+pub fn blocked(recipes: &[&Recipe]) -> Option<String> {
+    recipes.iter().find_map(|r| recipe_blocker(r))
+}
+
+/// Resolves `arg`: the device to compute on (`None`: the CPU) and the line that
+/// says so (`device: ...`). `recipes` are the recipes the command runs on the device (every
+/// recipe of a `compare`; `auto` picks the device only when all of them can use it).
+/// `--device cuda` fails here, before any output is written.
 pub fn resolve(
     arg: DeviceArg,
-    command: &str,
-    recipe: Option<&Recipe>,
+    recipes: &[&Recipe],
 ) -> Result<(Option<Arc<DeviceBackend>>, String)> {
-    let blocker = match recipe {
-        None => Some(format!(
-            "{command} does not run on a CUDA device yet (train, sample and rl do)"
-        )),
-        Some(r) => recipe_blocker(r),
-    };
+    let blocker = blocked(recipes);
     match arg {
         DeviceArg::Cpu => Ok((None, "device: cpu".into())),
         DeviceArg::Cuda => {

@@ -223,8 +223,9 @@ struct RlRunArgs {
     /// Worker threads.
     #[arg(long)]
     threads: Option<usize>,
-    /// Where the sampler and the held-out evaluation run: cpu, cuda or auto (the RL update
-    /// runs on the CPU; the default keeps `rl compare`'s parallel runs on the host).
+    /// Where the sampler, the held-out evaluation and the RL update (the policy's forward,
+    /// backward and AdamW) run: cpu, cuda or auto (the default keeps `rl compare`'s parallel
+    /// runs on the host).
     #[arg(long, value_enum, default_value_t = DeviceArg::Cpu)]
     device: DeviceArg,
     /// No progress bar.
@@ -357,14 +358,18 @@ fn run_rl_run(a: RlRunArgs) -> Result<()> {
             bail!("--resume continues a run with its own settings; drop --seed, --correction and --out");
         }
         let bf16 = Recipe::builtin("bf16").expect("built-in recipe");
-        dev = device_cmd::resolve(a.device, "rl", Some(&bf16))?;
+        // the plan is the checkpoint's: checked against the device once it is read
+        dev = device_cmd::resolve(a.device, &[&bf16])?;
         RlRun::resume(dir, opts)?
     } else {
         let Some(out) = a.out.clone() else {
             bail!("trainer rl needs --out DIR (or --resume DIR)");
         };
         let plan = Plan::resolve(&a.plan)?;
-        dev = device_cmd::resolve(a.device, "rl", Some(&plan.recipe("sampler")?))?;
+        dev = device_cmd::resolve(
+            a.device,
+            &[&plan.recipe("sampler")?, &plan.recipe("rl-trainer")?],
+        )?;
         let cfg = a.settings.resolve(a.seed, a.correction.as_deref())?;
         let from = match (&a.from, a.pretrain_steps) {
             (Some(f), _) => f.clone(),
@@ -387,8 +392,26 @@ fn run_rl_run(a: RlRunArgs) -> Result<()> {
         );
         RlRun::new(cfg, plan, &from, &out, opts)?
     };
-    eprintln!("sampler {}", dev.1);
-    run.set_sampler_device(dev.0)?;
+    let (dev, line) = match (
+        dev,
+        run.plan().recipe("sampler"),
+        run.plan().recipe("rl-trainer"),
+    ) {
+        ((Some(d), line), Ok(s), Ok(t)) => match device_cmd::blocked(&[&s, &t]) {
+            None => (Some(d), line),
+            Some(why) if a.device == DeviceArg::Cuda => {
+                bail!("--device cuda: {why}; use --device cpu")
+            }
+            Some(why) => (
+                None,
+                format!("device: cpu (auto: a CUDA device is present, but {why})"),
+            ),
+        },
+        (dev, _, _) => dev,
+    };
+    eprintln!("sampler and update {line}");
+    run.set_sampler_device(dev.clone())?;
+    run.set_update_device(dev)?;
     let s = run.run()?;
     println!(
         "held-out pass rate {:.3} -> {:.3} in {:.0} s; mean |dlogp| {:.3e}, k3 {:.3e}, bitwise-different {:.3}",

@@ -375,7 +375,7 @@ pub fn run_train(args: TrainArgs) -> Result<()> {
         tr
     };
     // nothing is written before this point
-    let (dev, line) = device_cmd::resolve(args.run.device, "train", Some(tr.recipe()))?;
+    let (dev, line) = device_cmd::resolve(args.run.device, &[tr.recipe()])?;
     println!("{line}");
     tr.set_device(dev)?;
     let out = tr.out_dir().to_path_buf();
@@ -401,18 +401,17 @@ pub fn run_train(args: TrainArgs) -> Result<()> {
 }
 
 pub fn run_compare(args: CompareArgs) -> Result<()> {
-    println!(
-        "{}",
-        device_cmd::resolve(args.run.device, "compare", None)?.1
-    );
-    set_threads(args.run.threads)?;
-    install_stop_handlers()?;
     let cfg = run_config(&args.run)?;
     let recipes = args
         .recipes
         .iter()
         .map(|r| Recipe::resolve(r.trim()))
         .collect::<Result<Vec<_>, _>>()?;
+    // every run on the device, one after another (nothing is written before this point)
+    let (device, line) = device_cmd::resolve(args.run.device, &recipes.iter().collect::<Vec<_>>())?;
+    println!("{line}");
+    set_threads(args.run.threads)?;
+    install_stop_handlers()?;
     let out = args
         .out
         .clone()
@@ -426,6 +425,7 @@ pub fn run_compare(args: CompareArgs) -> Result<()> {
         quiet: args.run.quiet,
         overwrite: args.overwrite,
         command: std::env::args().skip(2).map(|a| format!(" {a}")).collect(),
+        device,
     };
     let outcome = match cmp.run(|event| match event {
         CompareEvent::Failed { .. } => eprintln!("{event}"),
@@ -481,7 +481,7 @@ fn stop_tokens(tok: &trainer::data::Tokenizer, stops: &[String]) -> Result<Vec<u
 pub fn run_sample(args: SampleArgs) -> Result<()> {
     let recipe = Recipe::resolve(&args.recipe)?;
     // stdout is the text: the choice is not printed
-    let (dev, _) = device_cmd::resolve(args.device, "sample", Some(&recipe))?;
+    let (dev, _) = device_cmd::resolve(args.device, &[&recipe])?;
     set_threads(args.threads)?;
     let mut s = Sampler::load(&args.checkpoint, recipe)?;
     s.set_device(dev);

@@ -18,6 +18,9 @@
 //! of the rollout or held-out pass rate) stops the run with `diagnosis.txt`, keeping the last
 //! good checkpoint.
 //!
+//! With a device for the update ([`RlRun::set_update_device`], `rl --device cuda`), step 4's
+//! forward and backward passes and step 5's gradient norm and AdamW run there ([`device`]).
+//!
 //! Prompts are encoded, and completions decoded for the reward, with the tokenizer of the
 //! starting checkpoint ([`super::codec`]: byte-level, or the BPE its run kept as
 //! `tokenizer.json`, copied into the RL run directory).
@@ -43,6 +46,8 @@ use super::tasks::{Example, Split};
 use crate::model::{Gpt, ModelConfig, Precision};
 use crate::recipe::Recipe;
 use crate::rng::Xoshiro256StarStar;
+
+mod device;
 
 /// The seed of the held-out set (the same for every run, so runs are compared on the same
 /// prompts).
@@ -97,6 +102,10 @@ pub struct RlRun {
     opts: RlOptions,
     codec: TaskCodec,
     guard: RlGuard,
+    /// The device of the update (`None`: the CPU).
+    device: Option<std::sync::Arc<autograd::backend::DeviceBackend>>,
+    /// The AdamW moments on `device`, once its first update ran.
+    dev_moments: Option<autograd::backend::DeviceMoments>,
     _lock: Option<crate::rundir::RunLock>,
 }
 
@@ -371,6 +380,8 @@ impl RlRun {
             opts,
             guard,
             codec,
+            device: None,
+            dev_moments: None,
             _lock: None,
         })
     }
@@ -380,9 +391,15 @@ impl RlRun {
         self.step
     }
 
-    /// The policy's parameters.
+    /// The policy's parameters (on the update's device between steps of a device run; a
+    /// checkpoint brings them back to the host).
     pub fn params(&self) -> &ParamStore {
         &self.ps
+    }
+
+    /// The run's plan.
+    pub fn plan(&self) -> &Plan {
+        &self.plan
     }
 
     /// The run directory.
@@ -390,8 +407,8 @@ impl RlRun {
         &self.out
     }
 
-    /// Runs the sampler and the held-out evaluator on a CUDA device (`None`: the CPU); the
-    /// RL update stays on the CPU ([`PolicySampler::set_device`]).
+    /// Runs the sampler and the held-out evaluator on a CUDA device (`None`: the CPU)
+    /// ([`PolicySampler::set_device`]); the update's device is [`RlRun::set_update_device`].
     pub fn set_sampler_device(
         &mut self,
         dev: Option<std::sync::Arc<autograd::backend::DeviceBackend>>,
@@ -403,6 +420,7 @@ impl RlRun {
     /// Held-out pass rates of the current policy (BF16 copy): greedy, and one sample per
     /// prompt at temperature 1 (seed 0).
     pub fn evaluate(&mut self) -> Result<(f64, f64), RlError> {
+        self.ps.to_host()?;
         self.evaluator.sync(&self.ps, &[])?;
         let prompts: Vec<Vec<u32>> = self
             .eval_set
@@ -461,10 +479,19 @@ impl RlRun {
             recipe: &self.trainer_recipe,
             progress: 0.0,
         };
+        if let Some(d) = &self.device {
+            self.ps.to_device(d)?;
+        }
         let mut g = Graph::new(&mut self.ps).with_rng(self.cfg.seed, graph_step);
         g.set_grad_enabled(terms.is_some());
         let logits = self.model.forward_logits(&mut g, &tokens, r, &prec, None)?;
-        let lv = g.value(logits)?;
+        // the logits come back from a device (log-probabilities and the seed gradient are
+        // computed here, as on the CPU)
+        let lv: std::borrow::Cow<[f32]> = if self.device.is_some() {
+            g.to_vec(logits)?.into()
+        } else {
+            g.value(logits)?.into()
+        };
         let mut out = Vec::with_capacity(r);
         let mut grad = terms.as_ref().map(|_| vec![0.0f32; lv.len()]);
         for (j, ro) in rolls.iter().enumerate() {
@@ -524,6 +551,8 @@ impl RlRun {
             .task
             .examples(cfg.seed, Split::Train, self.cursor as usize + p);
         let examples = &all[self.cursor as usize..];
+        // the sampler's weight sync quantizes and calibrates on the host (`device.rs`)
+        self.ps.to_host()?;
         self.sampler.sync(&self.ps, &self.calibration)?;
         let mut prompts: Vec<Vec<u32>> = Vec::with_capacity(p * gsize);
         for e in examples {
@@ -682,8 +711,7 @@ impl RlRun {
             }
             loss += chunk_loss;
             clipped += chunk_clipped;
-            let grads = self.ps.grads();
-            let gn = optim::grad_norm(&grads);
+            let gn = self.grad_norm()?;
             grad_norm = gn as f64;
             if !chunk_loss.is_finite() || !gn.is_finite() {
                 self.ps.zero_grad();
@@ -696,9 +724,7 @@ impl RlRun {
                 ));
             }
             let coef = optim::clip_coefficient(gn, cfg.grad_clip)?;
-            let (values, grads) = self.ps.params_and_grads();
-            let mut values = values;
-            self.opt.step_scaled(&mut values, &grads, lr, coef)?;
+            self.adamw(lr, coef)?;
             self.ps.end_quant_step()?;
             self.ps.zero_grad();
         }
@@ -748,6 +774,7 @@ impl RlRun {
 
     /// Writes a checkpoint of the current state.
     pub fn save_checkpoint(&mut self) -> Result<PathBuf, RlError> {
+        self.sync_host()?;
         let mut state = RlState {
             version: RL_STATE_VERSION,
             step: self.step,

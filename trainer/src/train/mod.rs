@@ -49,7 +49,7 @@ use crate::data::{split, Batcher, BatcherConfig, DataError, Sampling, Tokens};
 use crate::model::Gpt;
 use crate::recipe::Recipe;
 
-mod device_step;
+pub(crate) mod device_step;
 mod error;
 mod eval;
 mod metrics;
