@@ -292,7 +292,7 @@ if [[ -x "$TRAINER" ]]; then
   # trained 20 steps on the device; greedy NVFP4 samples of 200 tokens on the device and on
   # the CPU (the same text is expected: logits within 2e-3, trainer tests/device_emulated.rs);
   # 3 RL steps (16 prompts x 8 completions, plan bf16-nvfp4: static activation scales) with the
-  # sampler on the device, and the same on the CPU in the background for the sampler's tokens/s.
+  # sampler and the update on the device, a tiny `compare` on the device, and the RL run on the CPU in the background for the sampler's tokens/s.
   # (skipped when the run is past 420 s, so that the summary is written within the device
   # tool's 600 s limit)
   if (( $(date +%s) - T0 > 420 )); then
@@ -325,6 +325,14 @@ if [[ -x "$TRAINER" ]]; then
     rc=$?
     note "trainer rl --device cuda (3 steps): exit $rc in $(( $(date +%s) - t1 )) s"
     [[ $rc -ne 0 ]] && { status=1; tail -3 "$OUT/rl-cuda.txt" | tee -a "$SUMMARY"; }
+    # compare on the device: two recipes of the tiny preset in turn, the report names the device
+    t1=$(date +%s)
+    timeout 30 "$TRAINER" compare --preset tiny --steps 20 --eval-every 20 --recipes bf16,nvfp4-no-bf16-layers \
+      --device cuda --quiet --out "$RUNS/compare" > "$OUT/compare-cuda.txt" 2>&1
+    rc=$?
+    note "trainer compare --device cuda (tiny, bf16 + nvfp4-no-bf16-layers, 20 steps): exit $rc in $(( $(date +%s) - t1 )) s"
+    [[ $rc -ne 0 ]] && { status=1; tail -3 "$OUT/compare-cuda.txt" | tee -a "$SUMMARY"; }
+    cp "$RUNS/compare/report.md" "$OUT/compare-cuda-report.md" 2>/dev/null
     wait "$cpu_rl"
     for d in cuda cpu; do
       cp "$RUNS/rl-$d/metrics.jsonl" "$OUT/rl-$d.metrics.jsonl" 2>/dev/null
