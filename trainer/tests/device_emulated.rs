@@ -123,8 +123,8 @@ fn emulated_device_training_matches_cpu_and_resumes_across_devices() {
     // the CPU-first run equals the CPU run bit for bit until the switch
     assert_eq!(lr[..2], lc[..2]);
     // the device really ran (its buffer pool served the passes). Its losses may equal the
-    // CPU's bits: the emulated tensor-core GEMM accumulates BF16 products in f32 as the CPU's
-    // BF16 GEMM does, and on a host whose BF16 GEMM sums in the same order they agree
+    // CPU's bits (measured so on an AMD EPYC host): the emulated tensor-core GEMM sums the
+    // exact BF16 products in f32 in K order, which the CPU's GEMM can match
     let used = dev.launcher().pool_stats();
     assert!(used.allocated + used.reused > 0, "{used:?}");
     for d in [&cpu, &d2c, &c2d] {
