@@ -1,5 +1,5 @@
 //! The CUDA emulator as a library (feature `emu`): compiles the training kernels of `cuda/`
-//! as host C++20 through `emu/cuda_emu.h` (256 OS threads per block, barriers for
+//! as host C++20 through `emu/cuda_emu.h` (a block's 256 threads as fibers, barriers for
 //! `__syncthreads` and warp shuffles), loads the result, and implements
 //! [`Launcher`](crate::train::Launcher) on host buffers, so that every
 //! [`TrainOps`](crate::train::TrainOps) op runs the real kernel code on the CPU. Other crates'

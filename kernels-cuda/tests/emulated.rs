@@ -2,7 +2,7 @@
 //! has no GPU) checks the kernels' arithmetic, indexing, padding, Philox stream and packing.
 //!
 //! `emu/emu.cpp` compiles `cuda/*.cu` as host C++20 through the small CUDA emulator in
-//! `emu/cuda_emu.h` (256 OS threads per block, barriers for `__syncthreads` and warp
+//! `emu/cuda_emu.h` (a block's 256 threads as fibers, barriers for `__syncthreads` and warp
 //! shuffles); this test builds it with the host C++ compiler (`$CXX`, else `g++`), loads it,
 //! and drives it with the same [`kernels_cuda::abi::Plan`]s (validation, flags, grids, output
 //! shapes, per-tensor results) that the GPU path launches. Without a C++20 compiler the tests
