@@ -90,6 +90,17 @@ pub struct Fingerprint {
     pub cpu: String,
     /// Logical CPUs available to the run.
     pub logical_cpus: usize,
+    /// The widest instruction-set class the kernels use here (`amx`, `avx512_bf16`,
+    /// `avx512`, `avx2`, `baseline`, or `portable` when the portable code is forced): hosts
+    /// that report one model name can differ in it (2-core "AMD EPYC" VMs with and without
+    /// AVX-512), and it decides which code paths run, hence the timing ratios.
+    pub isa: String,
+}
+
+impl std::fmt::Display for Fingerprint {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}, {} CPUs, {}", self.cpu, self.logical_cpus, self.isa)
+    }
 }
 
 /// A machine's calibration, measured in every run next to the kernels.
@@ -385,12 +396,7 @@ pub fn match_machine(base: &Baseline, machine: &Machine) -> MachineMatch {
         let known: Vec<String> = base
             .machines
             .iter()
-            .map(|p| {
-                format!(
-                    "{} ({} CPUs)",
-                    p.fingerprint.cpu, p.fingerprint.logical_cpus
-                )
-            })
+            .map(|p| p.fingerprint.to_string())
             .collect();
         return MachineMatch {
             profile: None,
@@ -398,9 +404,7 @@ pub fn match_machine(base: &Baseline, machine: &Machine) -> MachineMatch {
             compute_vs_profile: None,
             memory_ratios_compared: false,
             summary: format!(
-                "No timing profile for this processor ({}, {} logical CPUs; profiles: {}): timing ratios are reported, not gated; instruction counts gate as everywhere. `cargo xtask bench --update-baseline --runs 5` adds this machine's profile.",
-                fp.cpu,
-                fp.logical_cpus,
+                "No timing profile for this machine ({fp}; profiles: {}): timing ratios are reported, not gated; instruction counts gate as everywhere. `cargo xtask bench --update-baseline --runs 5` adds this machine's profile.",
                 if known.is_empty() { "none".into() } else { known.join(", ") }
             ),
         };
@@ -566,6 +570,7 @@ pub(super) mod tests {
             fingerprint: Fingerprint {
                 cpu: cpu.into(),
                 logical_cpus: 2,
+                isa: "avx2".into(),
             },
             calibration: Some(Calibration {
                 memcpy_gbs,

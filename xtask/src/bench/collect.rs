@@ -215,11 +215,60 @@ fn cpu_model() -> String {
         .unwrap_or_else(|| std::env::consts::ARCH.to_string())
 }
 
-/// Which timing profile of the baseline this machine uses: processor model and logical CPUs.
+/// The instruction-set class of this host's kernels ([`Fingerprint::isa`]), from the CPU
+/// flags in `/proc/cpuinfo` and the variables that force the portable code (those of
+/// `fp_formats::cpu`).
+fn isa_class() -> String {
+    if ["NIBBLE_FORCE_PORTABLE", "FP_FORMATS_FORCE_PORTABLE"]
+        .iter()
+        .any(|v| std::env::var_os(v).is_some())
+    {
+        return "portable".into();
+    }
+    let flags: Vec<String> = fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|s| {
+            s.lines().find_map(|l| {
+                l.strip_prefix("flags").map(|r| {
+                    r.trim_start_matches([' ', '\t', ':'])
+                        .split_whitespace()
+                        .map(String::from)
+                        .collect()
+                })
+            })
+        })
+        .unwrap_or_default();
+    isa_from_flags(&flags, std::env::consts::ARCH)
+}
+
+/// The class for a set of CPU flags: the first of `amx` (AMX-TILE and AMX-BF16),
+/// `avx512_bf16`, `avx512` (AVX-512F), `avx2` (AVX2 and FMA) the flags have; `baseline` on
+/// x86-64 without them; the architecture's name elsewhere.
+fn isa_from_flags(flags: &[String], arch: &str) -> String {
+    let has = |f: &str| flags.iter().any(|x| x == f);
+    let class = if has("amx_tile") && has("amx_bf16") {
+        "amx"
+    } else if has("avx512_bf16") {
+        "avx512_bf16"
+    } else if has("avx512f") {
+        "avx512"
+    } else if has("avx2") && has("fma") {
+        "avx2"
+    } else if arch == "x86_64" {
+        "baseline"
+    } else {
+        arch
+    };
+    class.into()
+}
+
+/// Which timing profile of the baseline this machine uses: processor model, logical CPUs and
+/// instruction-set class.
 pub fn fingerprint() -> Fingerprint {
     Fingerprint {
         cpu: cpu_model(),
         logical_cpus: std::thread::available_parallelism().map_or(0, |n| n.get()),
+        isa: isa_class(),
     }
 }
 
@@ -228,6 +277,7 @@ pub fn machine() -> String {
     let Fingerprint {
         cpu,
         logical_cpus: cpus,
+        isa,
     } = fingerprint();
     let mem_gib = fs::read_to_string("/proc/meminfo")
         .ok()
@@ -249,7 +299,7 @@ pub fn machine() -> String {
         .ok()
         .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
         .unwrap_or_default();
-    format!("{cpu}, {cpus} logical CPUs, {mem_gib} RAM, {kernel}, {rustc}")
+    format!("{cpu}, {cpus} logical CPUs ({isa}), {mem_gib} RAM, {kernel}, {rustc}")
 }
 
 /// The 1-minute load average, or None off Linux.
@@ -287,6 +337,28 @@ pub fn git_revision(root: &Path) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn flags(s: &str) -> Vec<String> {
+        s.split_whitespace().map(String::from).collect()
+    }
+
+    /// The two "AMD EPYC" hosts seen (Zen 3 without AVX-512, Zen 4 with it) and the Intel
+    /// Xeon with AMX get different classes, hence different timing profiles.
+    #[test]
+    fn isa_class_separates_hosts_that_share_a_model_name() {
+        let zen3 = flags("fpu sse2 avx fma avx2 vaes vpclmulqdq");
+        let zen4 = flags("fpu sse2 avx fma avx2 avx512f avx512bw avx512_bf16");
+        let spr = flags("fpu avx2 fma avx512f avx512_bf16 amx_bf16 amx_tile amx_int8");
+        assert_eq!(isa_from_flags(&zen3, "x86_64"), "avx2");
+        assert_eq!(isa_from_flags(&zen4, "x86_64"), "avx512_bf16");
+        assert_eq!(isa_from_flags(&spr, "x86_64"), "amx");
+        assert_eq!(
+            isa_from_flags(&flags("fpu avx512f fma avx2"), "x86_64"),
+            "avx512"
+        );
+        assert_eq!(isa_from_flags(&flags("fpu sse2"), "x86_64"), "baseline");
+        assert_eq!(isa_from_flags(&[], "aarch64"), "aarch64");
+    }
 
     fn scratch(tag: &str) -> std::path::PathBuf {
         let d = std::env::temp_dir().join(format!("xtask-collect-{tag}-{}", std::process::id()));

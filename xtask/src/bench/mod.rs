@@ -480,7 +480,7 @@ pub fn run(args: &[String]) -> Result<()> {
         "git": run.git,
         "machine": run.machine,
         "load_average": {"start": run.load.0, "end": run.load.1},
-        "fingerprint": {"cpu": machine.fingerprint.cpu, "logical_cpus": machine.fingerprint.logical_cpus},
+        "fingerprint": machine.fingerprint,
         "calibration": machine.calibration,
         "machine_match": run.machine_match,
         "injected_slowdown": opts.inject,
@@ -538,7 +538,7 @@ pub fn run(args: &[String]) -> Result<()> {
         println!(
             "accepted {} instruction counts and {timing} timing ratios ({}) into {}",
             b.portable.metrics.len(),
-            machine.fingerprint.cpu,
+            machine.fingerprint,
             opts.baseline.display()
         );
         return Ok(());

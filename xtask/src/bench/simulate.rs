@@ -150,6 +150,7 @@ fn measure(host: Host, slow: Option<(&str, f64, bool)>, jitter: bool) -> (Vec<Me
         fingerprint: Fingerprint {
             cpu: "Simulated EPYC".into(),
             logical_cpus: 2,
+            isa: "avx2".into(),
         },
         calibration: Some(Calibration {
             memcpy_gbs: host.bandwidth_gbs,
