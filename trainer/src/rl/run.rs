@@ -102,10 +102,9 @@ pub struct RlRun {
     opts: RlOptions,
     codec: TaskCodec,
     guard: RlGuard,
-    /// The device of the update (`None`: the CPU).
-    device: Option<std::sync::Arc<autograd::backend::DeviceBackend>>,
-    /// The AdamW moments on `device`, once its first update ran.
-    dev_moments: Option<autograd::backend::DeviceMoments>,
+    /// The device of the update, with the AdamW moments there once its first update ran
+    /// (`None`: the CPU).
+    device: Option<crate::train::device_step::DeviceUpdate>,
     _lock: Option<crate::rundir::RunLock>,
 }
 
@@ -381,7 +380,6 @@ impl RlRun {
             guard,
             codec,
             device: None,
-            dev_moments: None,
             _lock: None,
         })
     }
@@ -480,7 +478,7 @@ impl RlRun {
             progress: 0.0,
         };
         if let Some(d) = &self.device {
-            self.ps.to_device(d)?;
+            self.ps.to_device(&d.dev)?;
         }
         let mut g = Graph::new(&mut self.ps).with_rng(self.cfg.seed, graph_step);
         g.set_grad_enabled(terms.is_some());

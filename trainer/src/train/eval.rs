@@ -41,7 +41,7 @@ impl Trainer {
             // the first batch probes the Fprop operands on the host; the rest run on the
             // training device (if any)
             if let (1, Some(dev)) = (i, &self.device) {
-                self.ps.to_device(dev)?;
+                self.ps.to_device(&dev.dev)?;
             }
             let b = vb.next_batch();
             let mut g = Graph::new(&mut self.ps).with_rng(self.cfg.train.seed, self.step);

@@ -100,12 +100,9 @@ pub struct Trainer {
     inject_nan_at_step: Option<u64>,
     /// The run directory this trainer continues (resume), if any.
     resumed_from: Option<PathBuf>,
-    /// The device the forward and backward passes run on (`None`: the CPU); see
-    /// [`Trainer::set_device`].
-    device: Option<std::sync::Arc<autograd::backend::DeviceBackend>>,
-    /// AdamW's moments on the device (uploaded from `opt` at the first device step; `opt`
-    /// mirrors them at each checkpoint).
-    dev_moments: Option<autograd::backend::DeviceMoments>,
+    /// The device the forward and backward passes and the optimizer step run on, with
+    /// AdamW's moments there (`None`: the CPU); see [`Trainer::set_device`].
+    device: Option<device_step::DeviceUpdate>,
 }
 
 fn param_layout(ps: &ParamStore, model: &Gpt) -> Vec<ParamSpec> {
@@ -191,7 +188,6 @@ impl Trainer {
             inject_nan_at_step: crate::interrupt::nan_step_from_env(),
             resumed_from: None,
             device: None,
-            dev_moments: None,
         })
     }
 
@@ -321,8 +317,7 @@ impl Trainer {
         device: Option<std::sync::Arc<autograd::backend::DeviceBackend>>,
     ) -> Result<(), TrainError> {
         self.sync_host(true)?;
-        self.device = device;
-        self.dev_moments = None;
+        self.device = device.map(device_step::DeviceUpdate::new);
         Ok(())
     }
 

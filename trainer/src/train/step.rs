@@ -60,7 +60,7 @@ impl Trainer {
         let on_device = self.device.is_some();
         if let Some(dev) = &self.device {
             // the store stays on the device between steps (no-op then)
-            self.ps.to_device(dev)?;
+            self.ps.to_device(&dev.dev)?;
         }
         for _ in 0..accum {
             let b = self.batcher.next_batch();

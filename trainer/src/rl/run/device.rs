@@ -18,7 +18,7 @@ use autograd::backend::DeviceBackend;
 
 use super::RlRun;
 use crate::rl::config::RlError;
-use crate::train::device_step::{adamw_on_device, moments_to_host};
+use crate::train::device_step::DeviceUpdate;
 
 impl RlRun {
     /// Runs the RL update (the trainer's forward and backward passes, the gradient norm and
@@ -29,8 +29,7 @@ impl RlRun {
     /// A failed download when leaving a device.
     pub fn set_update_device(&mut self, dev: Option<Arc<DeviceBackend>>) -> Result<(), RlError> {
         self.sync_host()?;
-        self.device = dev;
-        self.dev_moments = None;
+        self.device = dev.map(DeviceUpdate::new);
         Ok(())
     }
 
@@ -38,7 +37,7 @@ impl RlRun {
     /// (before a checkpoint). A no-op on the CPU.
     pub(super) fn sync_host(&mut self) -> Result<(), RlError> {
         if let Some(dev) = &self.device {
-            moments_to_host::<RlError>(dev, self.dev_moments.as_ref(), &mut self.opt)?;
+            dev.moments_to_host::<RlError>(&mut self.opt)?;
         }
         self.ps.to_host()?;
         if let Some(r) = self.reference.as_mut() {
@@ -58,15 +57,8 @@ impl RlRun {
 
     /// One AdamW step at `lr` with gradient multiplier `coef`, where the store is.
     pub(super) fn adamw(&mut self, lr: f32, coef: f32) -> Result<(), RlError> {
-        match &self.device {
-            Some(dev) => adamw_on_device(
-                dev,
-                &mut self.ps,
-                &mut self.opt,
-                &mut self.dev_moments,
-                lr,
-                coef,
-            ),
+        match &mut self.device {
+            Some(dev) => dev.adamw(&mut self.ps, &mut self.opt, lr, coef),
             None => {
                 let (mut values, grads) = self.ps.params_and_grads();
                 self.opt.step_scaled(&mut values, &grads, lr, coef)?;
