@@ -1,5 +1,7 @@
 //! GEMMs against the peaks of their instructions (`peak`): the f32 GEMM (matrixmultiply,
-//! FP32 FMA), the BF16 GEMM (`quant::gemm::bf16`, the AMX-BF16 tile unit where present) and
+//! FP32 FMA), the GEMM of two BF16 operands as training runs it
+//! (`quant::gemm::bf16::quantized_gemm_tn`: the AMX-BF16 tile unit where present, the f32
+//! GEMM elsewhere, not the portable model of the tile arithmetic that serves the tests) and
 //! the block-scaled NVFP4 and MXFP8 GEMMs from f32 tensors (`quant::qgemm`, the operands'
 //! quantization included, as in training) on the training shapes of the `small` and `base`
 //! presets, and each over the f32 GEMM on the same shapes. One process per thread count (matrixmultiply reads
@@ -8,7 +10,7 @@
 use std::hint::black_box;
 
 use anyhow::Result;
-use quant::gemm::bf16::{bf16_gemm_tn, Bf16Workspace};
+use quant::gemm::bf16::{quantized_gemm_tn, Bf16Workspace};
 use quant::gemm::{sgemm, MatRef};
 use quant::qgemm::{quantized_matmul_tn, Operand};
 use quant::{GemmPolicy, OperandQuant, Quantizer, RngKey, Usage};
@@ -55,7 +57,7 @@ pub fn suite(threads: usize, rounds: usize) -> Result<Vec<Metric>> {
     let bf16_unit = if fp_formats::cpu::has_amx_bf16() {
         Unit::Amx
     } else {
-        Unit::Fma // the portable code runs on FP32 arithmetic
+        Unit::Fma // BF16 operands multiply on the f32 GEMM
     };
     let pool = rayon::ThreadPoolBuilder::new()
         .num_threads(threads)
@@ -112,7 +114,7 @@ pub fn suite(threads: usize, rounds: usize) -> Result<Vec<Metric>> {
                 pool.install(|| sgemm(1.0, va, vb.t(), 0.0, black_box(&mut o1)))
             }),
             Case::new("bf16", || {
-                pool.install(|| bf16_gemm_tn(vab, vbb, black_box(&mut o2), &mut ws))
+                pool.install(|| quantized_gemm_tn(vab, vbb, black_box(&mut o2), &mut ws))
             }),
             Case::new("nvfp4", || {
                 let (a, b) = (Operand::new(ta, nva), Operand::new(tb, nvb));
