@@ -424,8 +424,8 @@ pub fn match_machine(base: &Baseline, machine: &Machine) -> MachineMatch {
     let memory_ratios_compared = balance.is_some_and(|b| b <= window && b >= 1.0 / window);
     let fmt = |x: Option<f64>| x.map_or("unknown".into(), |x| format!("{x:.2}x"));
     let summary = format!(
-        "Timing profile of this processor ({}) recorded {}. This host vs that recording: memcpy {}, compute probe {}, balance {}. Core-bound ratios are compared as they are (both sides scale with the core); memory-bound ratios {}.",
-        fp.cpu,
+        "Timing profile of this machine ({}) recorded {}. This host vs that recording: memcpy {}, compute probe {}, balance {}. Core-bound ratios are compared as they are (both sides scale with the core); memory-bound ratios {}.",
+        fp,
         p.recorded,
         fmt(memcpy),
         fmt(compute),
