@@ -90,10 +90,11 @@ pub struct Fingerprint {
     pub cpu: String,
     /// Logical CPUs available to the run.
     pub logical_cpus: usize,
-    /// The widest instruction-set class the kernels use here (`amx`, `avx512_bf16`,
-    /// `avx512`, `avx2`, `baseline`, or `portable` when the portable code is forced): hosts
-    /// that report one model name can differ in it (2-core "AMD EPYC" VMs with and without
-    /// AVX-512), and it decides which code paths run, hence the timing ratios.
+    /// The widest instruction-set class of the CPU (`amx`, `avx512_bf16`, `avx512`, `avx2`,
+    /// `baseline`, or `portable` when the portable code is forced): hosts that report one
+    /// model name can differ in it (2-core "AMD EPYC" VMs of two generations, with and
+    /// without AVX-512), and with it in their core, hence their timing ratios; with AMX it
+    /// also decides which GEMM runs.
     pub isa: String,
 }
 

@@ -215,11 +215,11 @@ fn cpu_model() -> String {
         .unwrap_or_else(|| std::env::consts::ARCH.to_string())
 }
 
-/// The instruction-set class of this host's kernels ([`Fingerprint::isa`]), from the CPU
-/// flags in `/proc/cpuinfo` and the variables that force the portable code (those of
-/// `fp_formats::cpu`).
+/// This host's instruction-set class ([`Fingerprint::isa`]), from the CPU flags in
+/// `/proc/cpuinfo`, or `portable` when a variable of `fp_formats::cpu` forces the portable
+/// code.
 fn isa_class() -> String {
-    if ["NIBBLE_FORCE_PORTABLE", "FP_FORMATS_FORCE_PORTABLE"]
+    if fp_formats::cpu::FORCE_PORTABLE_ENV
         .iter()
         .any(|v| std::env::var_os(v).is_some())
     {
