@@ -122,7 +122,10 @@ fn copy(input: &Path, out: &Path) -> Result<()> {
 pub fn suite(dir: &Path, shape: Shape, rounds: usize) -> Result<(u64, Vec<JobResult>)> {
     ensure!((1..=100).contains(&rounds), "--rounds must be in 1..=100");
     ensure!(
-        shape.d % 32 == 0 && shape.hidden % 32 == 0 && shape.d > 0 && shape.hidden > 0,
+        shape.d.is_multiple_of(32)
+            && shape.hidden.is_multiple_of(32)
+            && shape.d > 0
+            && shape.hidden > 0,
         "d and hidden must be positive multiples of 32"
     );
     ensure!(

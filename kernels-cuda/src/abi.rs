@@ -488,7 +488,7 @@ pub fn plan_nvfp4(dims: Dims, row: Option<&Quantizer>, col: Option<&Quantizer>) 
     let mut a = Nvfp4Args {
         rows: dims.rows as i32,
         cols: dims.cols as i32,
-        flags: if dims.cols % 4 == 0 { VEC4 } else { 0 },
+        flags: if dims.cols.is_multiple_of(4) { VEC4 } else { 0 },
         ..Default::default()
     };
     if let Some(s) = &row {
@@ -542,7 +542,7 @@ pub fn plan_mx(dims: Dims, row: Option<&Quantizer>, col: Option<&Quantizer>) -> 
     let mut a = MxArgs {
         rows: dims.rows as i32,
         cols: dims.cols as i32,
-        flags: if dims.cols % 4 == 0 { VEC4 } else { 0 },
+        flags: if dims.cols.is_multiple_of(4) { VEC4 } else { 0 },
         elem: mx_elem(element)?,
         rule: match rule {
             ScaleRule::Floor => 0,
@@ -634,7 +634,7 @@ pub fn plan_fp8(
     let mut a = Fp8Args {
         rows: dims.rows as i32,
         cols: dims.cols as i32,
-        flags: if dims.cols % 4 == 0 { VEC4 } else { 0 },
+        flags: if dims.cols.is_multiple_of(4) { VEC4 } else { 0 },
         elem: fp8_elem(element),
         ..Default::default()
     };

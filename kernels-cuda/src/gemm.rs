@@ -519,7 +519,7 @@ impl GpuContext {
     ) -> Result<CudaSlice<f32>> {
         match (a.format, b.format) {
             (QuantFormat::Fp8 { .. }, QuantFormat::Fp8 { .. })
-                if native_fp8_pair(a, b) && a.cols % 16 == 0 =>
+                if native_fp8_pair(a, b) && a.cols.is_multiple_of(16) =>
             {
                 self.gemm_fp8(a, b)
             }

@@ -801,7 +801,7 @@ pub trait TrainOps: Launcher {
         out: (bool, &mut Self::Buf<f32>),
     ) -> Result<()> {
         let n = self.len(x);
-        if d == 0 || d % 2 != 0 || t == 0 || n % (t * d) != 0 {
+        if d == 0 || !d.is_multiple_of(2) || t == 0 || n % (t * d) != 0 {
             return Err(bad(format!(
                 "rope: {n} elements are not [.., {t}, {d}] with even {d}"
             )));

@@ -249,7 +249,7 @@ pub fn rht16(x: &[f32; N], mask: u16) -> [f32; N] {
 /// ```
 pub fn rht_rows(data: &mut [f32], mask: u16) {
     assert!(
-        data.len() % N == 0,
+        data.len().is_multiple_of(N),
         "RHT needs a multiple of 16 elements, got {}",
         data.len()
     );

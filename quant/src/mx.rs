@@ -142,7 +142,7 @@ impl PanelStats {
 /// Checks that the Hadamard transform's dimension (the stored row length) is a multiple of
 /// 16.
 fn check_rht(c: &MxCast, rows: usize, scols: usize) -> Result<(), QuantError> {
-    if c.rht != Rht::Off && scols % crate::hadamard::N != 0 {
+    if c.rht != Rht::Off && !scols.is_multiple_of(crate::hadamard::N) {
         return Err(QuantError::InvalidConfig(format!(
             "the Hadamard transform needs the transformed dimension (rows = {rows}) to be a \
              multiple of 16"

@@ -990,7 +990,8 @@ fn check_tensor(t: &QuantizedTensor) -> Result<(), QuantError> {
             t.format
         )));
     }
-    let bad = t.padded_cols % BLOCK != 0 || t.padded_cols < t.cols || t.padded_rows < t.rows;
+    let bad =
+        !t.padded_cols.is_multiple_of(BLOCK) || t.padded_cols < t.cols || t.padded_rows < t.rows;
     if bad {
         return Err(QuantError::InvalidConfig(format!(
             "inconsistent NVFP4 tensor shape {}x{} padded to {}x{}",
@@ -1402,7 +1403,7 @@ mod tests {
             let want_value = |c: usize, e: usize| -> Option<u32> {
                 match c {
                     0 | 1 => Some(0),
-                    2 if e % 2 == 0 => Some(0),
+                    2 if e.is_multiple_of(2) => Some(0),
                     3 => Some(0x8000_0000),
                     _ => None,
                 }

@@ -137,7 +137,9 @@ impl ModelConfig {
                 self.vocab, self.d_model, self.n_layers, self.n_heads, self.hidden, self.seq
             ));
         }
-        if self.d_model % self.n_heads != 0 || (self.d_model / self.n_heads) % 2 != 0 {
+        if !self.d_model.is_multiple_of(self.n_heads)
+            || !(self.d_model / self.n_heads).is_multiple_of(2)
+        {
             return bad(format!(
                 "d_model ({}) must be a multiple of n_heads ({}) with an even head size",
                 self.d_model, self.n_heads
@@ -469,7 +471,7 @@ impl Gpt {
         mut probes: Option<&mut Vec<LinearProbe>>,
     ) -> Result<Tensor, ModelError> {
         let cfg = &self.cfg;
-        if batch == 0 || tokens.is_empty() || tokens.len() % batch != 0 {
+        if batch == 0 || tokens.is_empty() || !tokens.len().is_multiple_of(batch) {
             return Err(ModelError::Invalid(format!(
                 "{} tokens do not form {batch} rows",
                 tokens.len()
@@ -547,7 +549,11 @@ impl Gpt {
         linear: &mut LinearFn<'_>,
     ) -> Result<Tensor, ModelError> {
         let cfg = &self.cfg;
-        if batch == 0 || tokens.is_empty() || tokens.len() % batch != 0 || batch != cache.batch() {
+        if batch == 0
+            || tokens.is_empty()
+            || !tokens.len().is_multiple_of(batch)
+            || batch != cache.batch()
+        {
             return Err(ModelError::Invalid(format!(
                 "{} tokens do not form {batch} rows of a cache of {} rows",
                 tokens.len(),

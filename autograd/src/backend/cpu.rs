@@ -26,7 +26,7 @@ fn bad_arg(msg: String) -> BackendError {
 }
 
 fn tiles(op: &str, n: usize, nb: usize) -> Result<()> {
-    if n > 0 && (nb == 0 || n % nb != 0) {
+    if n > 0 && (nb == 0 || !n.is_multiple_of(nb)) {
         return Err(BackendError::InvalidArgument(format!(
             "{op}: {nb} elements do not tile {n}"
         )));
@@ -35,7 +35,7 @@ fn tiles(op: &str, n: usize, nb: usize) -> Result<()> {
 }
 
 fn rows_of(op: &str, n: usize, d: usize) -> Result<usize> {
-    if d == 0 || n % d != 0 {
+    if d == 0 || !n.is_multiple_of(d) {
         return Err(BackendError::InvalidArgument(format!(
             "{op}: {n} elements are not rows of {d}"
         )));
@@ -333,7 +333,7 @@ impl Backend for CpuBackend {
         inverse: bool,
         out: Out<'_, Vec<f32>>,
     ) -> Result<()> {
-        if d == 0 || d % 2 != 0 || t == 0 || x.len() % (t * d) != 0 {
+        if d == 0 || !d.is_multiple_of(2) || t == 0 || !x.len().is_multiple_of(t * d) {
             return Err(BackendError::InvalidArgument(format!(
                 "rope: {} elements are not [.., {t}, {d}] with even {d}",
                 x.len()

@@ -61,7 +61,7 @@ impl Graph<'_> {
         }
         let [b, t, c3] = [sx.dims()[0], sx.dims()[1], sx.dims()[2]];
         let h = spec.heads;
-        if h == 0 || c3 % (3 * h) != 0 || (c3 / (3 * h)) % 2 != 0 {
+        if h == 0 || c3 % (3 * h) != 0 || !(c3 / (3 * h)).is_multiple_of(2) {
             return arg_err(
                 "qkv_attention",
                 format!("{c3} channels do not split into Q, K, V of {h} heads of even size"),

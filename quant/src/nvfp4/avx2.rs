@@ -217,7 +217,7 @@ pub(super) fn stage_strip(
     ld_dst: usize,
     mask: Option<u16>,
 ) -> (f32, bool) {
-    assert!(n % BLOCK == 0);
+    assert!(n.is_multiple_of(BLOCK));
     if n == 0 {
         return (0.0, false);
     }
@@ -298,7 +298,7 @@ pub(super) fn rht_strip(
     dst: &mut [f32],
     mask: u16,
 ) -> (f32, bool) {
-    assert!(n % 8 == 0 && n <= ld);
+    assert!(n.is_multiple_of(8) && n <= ld);
     if n == 0 {
         return (0.0, false);
     }

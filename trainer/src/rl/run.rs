@@ -462,7 +462,7 @@ impl RlRun {
             .max()
             .unwrap_or(1);
         let mut t = longest;
-        while (r * t) % 16 != 0 {
+        while !(r * t).is_multiple_of(16) {
             t += 1;
         }
         let mut tokens = vec![self.codec.stop(); r * t];
@@ -830,7 +830,7 @@ impl RlRun {
                 rec.pass_rate, rec.response_len, rec.entropy, m.mean_abs_dlogp, m.k3, m.frac_bitwise_different, last_eval
             ));
             bar.set_position(self.step);
-            if self.step % self.cfg.eval_every == 0 || self.step == total {
+            if self.step.is_multiple_of(self.cfg.eval_every) || self.step == total {
                 let (greedy, sampled) = self.evaluate()?;
                 if let Some(why) = self.guard.check_eval(greedy, self.eval_set.len()) {
                     bar.abandon();

@@ -63,7 +63,7 @@ fn held_out(prompt: &str) -> bool {
     for b in prompt.bytes() {
         h = (h ^ b as u64).wrapping_mul(0x100_0000_01b3);
     }
-    SplitMix64::new(h).next_u64() % 8 == 0
+    SplitMix64::new(h).next_u64().is_multiple_of(8)
 }
 
 impl Task {

@@ -134,7 +134,8 @@ impl Trainer {
             interrupt::hook("step");
             let dt = t0.elapsed().as_secs_f64();
             let tps = self.cfg.tokens_per_step() as f64 / dt.max(1e-9);
-            let eval_now = self.step % self.cfg.train.eval_every == 0 || self.step == total;
+            let eval_now =
+                self.step.is_multiple_of(self.cfg.train.eval_every) || self.step == total;
             let (val_loss, layers) = if eval_now {
                 let e = self.evaluate()?;
                 (Some(e.val_loss), e.layers)
