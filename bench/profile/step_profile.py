@@ -78,7 +78,7 @@ def gemm_part(frames):
     if re.search(r"pack::pack_tile|pack::pack_[ab]\b|bf16_bits|store_transposed", syms):
         return "pack into BF16 tiles"
     if "bf16::block" in syms or "block_2x2" in syms or "amx.rs" in srcs:
-        return "AMX tiles"
+        return "BF16 unit (AMX, vdpbf16ps)"
     if "matrixmultiply" in syms:
         return "f32 GEMM (sgemm)"
     if "qgemm::finish" in syms:
@@ -99,7 +99,7 @@ OPS = [
     ("optim::", "optimizer (clip + AdamW)"),
     ("cross_entropy", "cross-entropy"),
 ]
-PARTS = ["f32 GEMM (sgemm)", "AMX tiles", "pack into BF16 tiles", "quantize", "alpha epilogue",
+PARTS = ["f32 GEMM (sgemm)", "BF16 unit (AMX, vdpbf16ps)", "pack into BF16 tiles", "quantize", "alpha epilogue",
          "page faults", "other"]
 
 

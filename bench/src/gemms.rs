@@ -1,7 +1,8 @@
 //! GEMMs against the peaks of their instructions (`peak`): the f32 GEMM (matrixmultiply,
 //! FP32 FMA), the GEMM of two BF16 operands as training runs it
-//! (`quant::gemm::bf16::quantized_gemm_tn`: the AMX-BF16 tile unit where present, the f32
-//! GEMM elsewhere, not the portable model of the tile arithmetic that serves the tests) and
+//! (`quant::gemm::bf16::quantized_gemm_tn`: the AMX-BF16 tile unit or AVX512-BF16
+//! `vdpbf16ps` where present, the f32 GEMM elsewhere, not the portable models of their
+//! arithmetics that serve the tests) and
 //! the block-scaled NVFP4 and MXFP8 GEMMs from f32 tensors (`quant::qgemm`, the operands'
 //! quantization included, as in training) on the training shapes of the `small` and `base`
 //! presets, and each over the f32 GEMM on the same shapes. One process per thread count (matrixmultiply reads
@@ -10,7 +11,7 @@
 use std::hint::black_box;
 
 use anyhow::Result;
-use quant::gemm::bf16::{quantized_gemm_tn, Bf16Workspace};
+use quant::gemm::bf16::{quantized_gemm_tn, Bf16Arithmetic, Bf16Workspace};
 use quant::gemm::{sgemm, MatRef};
 use quant::qgemm::{quantized_matmul_tn, Operand};
 use quant::{GemmPolicy, OperandQuant, Quantizer, RngKey, Usage};
@@ -54,10 +55,10 @@ pub fn suite(threads: usize, rounds: usize) -> Result<Vec<Metric>> {
         peaks.push((unit, p));
     }
     let peak = |u: Unit| peaks.iter().find(|(x, _)| *x == u).and_then(|(_, p)| *p);
-    let bf16_unit = if fp_formats::cpu::has_amx_bf16() {
-        Unit::Amx
-    } else {
-        Unit::Fma // BF16 operands multiply on the f32 GEMM
+    let bf16_unit = match quant::gemm::bf16::quantized_gemm_arithmetic() {
+        Some(Bf16Arithmetic::Tiles) => Unit::Amx,
+        Some(Bf16Arithmetic::Pairs) => Unit::Dpbf16,
+        None => Unit::Fma, // BF16 operands multiply on the f32 GEMM
     };
     let pool = rayon::ThreadPoolBuilder::new()
         .num_threads(threads)

@@ -1,8 +1,11 @@
-//! The BF16 GEMM against its scalar model (bit for bit, on the dispatched path and on the
-//! portable one), independence of M and of the split, and an f64 bound.
+//! The BF16 GEMM in both arithmetics against their scalar models (bit for bit, on the
+//! dispatched path, which is the hardware unit where the CPU has it, and on the portable
+//! one), independence of M and of the split, and f64 bounds.
 
-use quant::gemm::bf16::{bf16_gemm_tn, bf16_gemm_tn_portable, dot_reference, Bf16Workspace};
+use quant::gemm::bf16::{bf16_gemm_tn, bf16_gemm_tn_portable, Bf16Arithmetic, Bf16Workspace};
 use quant::gemm::MatRef;
+
+const BOTH: [Bf16Arithmetic; 2] = [Bf16Arithmetic::Tiles, Bf16Arithmetic::Pairs];
 
 fn lcg(seed: u64) -> impl FnMut() -> f32 {
     let mut s = seed;
@@ -18,28 +21,50 @@ fn bf(x: f32) -> f32 {
     f32::from_bits((quant::gemm::bf16::bf16_bits(x) as u32) << 16)
 }
 
-/// Both paths, compared with [`dot_reference`] element by element.
+/// Both paths of both arithmetics, compared with [`Bf16Arithmetic::dot_reference`] element
+/// by element.
 fn check_model(a: &[f32], b: &[f32], m: usize, n: usize, k: usize) {
     let mut ws = Bf16Workspace::new();
     let (av, bv) = (MatRef::row_major(a, m, k), MatRef::row_major(b, n, k));
-    let mut c = vec![f32::NAN; m * n];
-    let mut cp = vec![f32::NAN; m * n];
-    bf16_gemm_tn(av, bv, &mut c, &mut ws);
-    bf16_gemm_tn_portable(av, bv, &mut cp, &mut ws);
-    for i in 0..m {
-        for j in 0..n {
-            let r = dot_reference(&a[i * k..][..k], &b[j * k..][..k]);
-            let (x, y) = (c[i * n + j], cp[i * n + j]);
-            assert!(
-                x.to_bits() == r.to_bits() || (x.is_nan() && r.is_nan()),
-                "dispatched ({i},{j}) of [{m},{n},{k}]: {x:e} vs model {r:e}"
-            );
-            assert!(
-                y.to_bits() == r.to_bits() || (y.is_nan() && r.is_nan()),
-                "portable ({i},{j}) of [{m},{n},{k}]: {y:e} vs model {r:e}"
-            );
+    for arith in BOTH {
+        let mut c = vec![f32::NAN; m * n];
+        let mut cp = vec![f32::NAN; m * n];
+        bf16_gemm_tn(arith, av, bv, &mut c, &mut ws);
+        bf16_gemm_tn_portable(arith, av, bv, &mut cp, &mut ws);
+        for i in 0..m {
+            for j in 0..n {
+                let r = arith.dot_reference(&a[i * k..][..k], &b[j * k..][..k]);
+                let (x, y) = (c[i * n + j], cp[i * n + j]);
+                let native = arith.native();
+                assert!(
+                    x.to_bits() == r.to_bits() || (x.is_nan() && r.is_nan()),
+                    "{arith:?} dispatched (native {native}) ({i},{j}) of [{m},{n},{k}]: {x:e} vs model {r:e}"
+                );
+                assert!(
+                    y.to_bits() == r.to_bits() || (y.is_nan() && r.is_nan()),
+                    "{arith:?} portable ({i},{j}) of [{m},{n},{k}]: {y:e} vs model {r:e}"
+                );
+            }
         }
     }
+}
+
+/// The two arithmetics are not the same function: data that separates them (the sum
+/// orders differ) gives different bits, so a GEMM of one cannot pass the other's model.
+#[test]
+fn the_two_arithmetics_differ_where_the_order_matters() {
+    let h = 2f32.powi(-24);
+    // Tiles: even lane 1 + h -> 1 (tie to even), odd lane 1.5h, chunk sum 1 + 1.5h -> 1 + 2h.
+    // Pairs: 1.5h, + 1 -> 1 + 2h, + 0, + h -> 1 + 3h, a tie -> 1 + 4h.
+    let a = [1.0, 1.5 * h, h, 0.0];
+    let b = [1.0f32; 4];
+    let tiles = Bf16Arithmetic::Tiles.dot_reference(&a, &b);
+    let pairs = Bf16Arithmetic::Pairs.dot_reference(&a, &b);
+    assert_eq!((tiles, pairs), (1.0 + 2.0 * h, 1.0 + 4.0 * h));
+    // the odd product goes first in a pair: 1, + 1.5h -> 1 + 2h, + h -> 1 + 4h (even first
+    // would give 1 + h -> 1, + 1.5h -> 1 + 2h)
+    let got = Bf16Arithmetic::Pairs.dot_reference(&[1.0, 0.0, h, 1.5 * h], &b);
+    assert_eq!(got, 1.0 + 4.0 * h);
 }
 
 #[test]
@@ -150,6 +175,92 @@ fn matches_the_scalar_model_on_edge_data() {
     check_model(&a3, &b3, 3, 2, 32);
 }
 
+/// `vdpbf16ps` as measured on an AMD EPYC Zen 4 (and as Intel specifies it): each case is a
+/// dot product whose first pair sets the running sum (`c = +0 + 0 + a0·1`) and whose second
+/// pair (even, odd) probes one property. The expected values are the measurements; the
+/// pair model and, where the CPU has AVX512_BF16, the instruction must give them.
+#[test]
+fn the_pair_arithmetic_is_vdpbf16ps_as_measured() {
+    let h = 2f32.powi(-24);
+    let min = f32::MIN_POSITIVE; // 2^-126
+    let p = |e: i32| 2f32.powi(e);
+    // (start, [even a, odd a], [even b, odd b], expected, what)
+    type Probe = (f32, [f32; 2], [f32; 2], f32, &'static str);
+    let cases: [Probe; 7] = [
+        (
+            1.0,
+            [h, h],
+            [1.0, 1.0],
+            1.0,
+            "two roundings: 1 + h -> 1, + h -> 1",
+        ),
+        (
+            1.0,
+            [h, 1.5 * h],
+            [1.0, 1.0],
+            1.0 + 4.0 * h,
+            "odd first: 1 + 1.5h -> 1 + 2h, + h -> 1 + 4h",
+        ),
+        (
+            1.0,
+            [1.5 * h, h],
+            [1.0, 1.0],
+            1.0 + 2.0 * h,
+            "odd first: 1 + h -> 1, + 1.5h -> 1 + 2h",
+        ),
+        (
+            min,
+            [p(-64), 0.0],
+            [p(-63), 0.0],
+            1.5 * min,
+            "a product of 2^-127 is not flushed",
+        ),
+        (
+            1.5 * min,
+            [p(-64), -p(-63)],
+            [p(-63), p(-63)],
+            0.0,
+            "2^-127 between the steps is flushed",
+        ),
+        (
+            1.0,
+            [f32::from_bits(0x0040_0000), 0.0],
+            [p(100), 0.0],
+            1.0,
+            "BF16 subnormal input reads as 0",
+        ),
+        (
+            1.5 * p(127),
+            [-p(64), p(64)],
+            [p(63), p(63)],
+            f32::INFINITY,
+            "overflow to infinity stays",
+        ),
+    ];
+    for (start, a2, b2, want, what) in cases {
+        let a = [start, 0.0, a2[0], a2[1]];
+        let b = [1.0, 0.0, b2[0], b2[1]];
+        let model = Bf16Arithmetic::Pairs.dot_reference(&a, &b);
+        assert_eq!(model.to_bits(), want.to_bits(), "model: {what}: {model:e}");
+        let mut c = [f32::NAN];
+        let (av, bv) = (MatRef::row_major(&a, 1, 4), MatRef::row_major(&b, 1, 4));
+        bf16_gemm_tn(
+            Bf16Arithmetic::Pairs,
+            av,
+            bv,
+            &mut c,
+            &mut Bf16Workspace::new(),
+        );
+        let native = Bf16Arithmetic::Pairs.native();
+        assert_eq!(
+            c[0].to_bits(),
+            want.to_bits(),
+            "GEMM (native {native}): {what}: {:e}",
+            c[0]
+        );
+    }
+}
+
 /// A row's result does not depend on the other rows, on M, or on the number of threads.
 #[test]
 fn rows_do_not_depend_on_m_or_threads() {
@@ -157,19 +268,27 @@ fn rows_do_not_depend_on_m_or_threads() {
     let (m, n, k) = (70, 48, 600); // two K slabs
     let a: Vec<f32> = (0..m * k).map(|_| rnd()).collect();
     let b: Vec<f32> = (0..n * k).map(|_| rnd()).collect();
+    for arith in BOTH {
+        rows_independent(arith, &a, &b, (m, n, k));
+    }
+}
+
+fn rows_independent(arith: Bf16Arithmetic, a: &[f32], b: &[f32], (m, n, k): (usize, usize, usize)) {
     let mut ws = Bf16Workspace::new();
     let mut full = vec![0.0f32; m * n];
     bf16_gemm_tn(
-        MatRef::row_major(&a, m, k),
-        MatRef::row_major(&b, n, k),
+        arith,
+        MatRef::row_major(a, m, k),
+        MatRef::row_major(b, n, k),
         &mut full,
         &mut ws,
     );
     for i in [0, 1, 31, 32, 69] {
         let mut one = vec![0.0f32; n];
         bf16_gemm_tn(
+            arith,
             MatRef::row_major(&a[i * k..][..k], 1, k),
-            MatRef::row_major(&b, n, k),
+            MatRef::row_major(b, n, k),
             &mut one,
             &mut ws,
         );
@@ -182,8 +301,9 @@ fn rows_do_not_depend_on_m_or_threads() {
     let mut single = vec![0.0f32; m * n];
     pool.install(|| {
         bf16_gemm_tn(
-            MatRef::row_major(&a, m, k),
-            MatRef::row_major(&b, n, k),
+            arith,
+            MatRef::row_major(a, m, k),
+            MatRef::row_major(b, n, k),
             &mut single,
             &mut ws,
         )
@@ -193,32 +313,53 @@ fn rows_do_not_depend_on_m_or_threads() {
     let at: Vec<f32> = (0..k * m).map(|i| a[(i % m) * k + i / m]).collect();
     let mut tr = vec![0.0f32; m * n];
     bf16_gemm_tn(
+        arith,
         MatRef::row_major(&at, k, m).t(),
-        MatRef::row_major(&b, n, k),
+        MatRef::row_major(b, n, k),
         &mut tr,
         &mut ws,
     );
     assert_eq!(tr, full);
 }
 
-/// Worst-case bound of the arithmetic against the exact product of the BF16-rounded inputs
-/// (normal range): each output is a sum of K exact products through at most
-/// `16 + 1 + ceil(K/32)` roundings of relative size `u = 2^-24`, so
-/// `|ĉ − c| ≤ γ_n Σ|a_k b_k|` with `n = 17 + ceil(K/32)` and `γ_n = n·u / (1 − n·u)`.
+/// Worst-case bound of each arithmetic against the exact product of the BF16-rounded
+/// inputs (normal range): an output is a sum of K exact products through at most `n`
+/// roundings of relative size `u = 2^-24`, so `|ĉ − c| ≤ γ_n Σ|a_k b_k|` with
+/// `γ_n = n·u / (1 − n·u)`. Tiles: a product passes through at most 16 lane sums, the lane
+/// merge and `ceil(K/32)` chunk sums, `n = 17 + ceil(K/32)`. Pairs: one running sum, `n = K`
+/// (the f32-dequantize-then-sgemm path has the same order of bound, with its own order).
 #[test]
 fn within_the_derived_bound_of_the_f64_product_on_training_shapes() {
     let mut rnd = lcg(11);
-    for &(m, n, k) in &[(64, 384, 128), (128, 128, 512), (32, 256, 2048)] {
+    for &(m, n, k) in &[(64usize, 384, 128), (128, 128, 512), (32, 256, 2048)] {
         let a: Vec<f32> = (0..m * k).map(|_| rnd()).collect();
         let b: Vec<f32> = (0..n * k).map(|_| rnd() * 0.05).collect();
+        for arith in BOTH {
+            let nr = match arith {
+                Bf16Arithmetic::Tiles => 17 + k.div_ceil(32),
+                Bf16Arithmetic::Pairs => k,
+            };
+            check_bound(arith, &a, &b, (m, n, k), nr as f64);
+        }
+    }
+}
+
+fn check_bound(
+    arith: Bf16Arithmetic,
+    a: &[f32],
+    b: &[f32],
+    (m, n, k): (usize, usize, usize),
+    nr: f64,
+) {
+    {
         let mut c = vec![0.0f32; m * n];
         bf16_gemm_tn(
-            MatRef::row_major(&a, m, k),
-            MatRef::row_major(&b, n, k),
+            arith,
+            MatRef::row_major(a, m, k),
+            MatRef::row_major(b, n, k),
             &mut c,
             &mut Bf16Workspace::new(),
         );
-        let nr = (17 + k.div_ceil(32)) as f64;
         let u = 2f64.powi(-24);
         let gamma = nr * u / (1.0 - nr * u);
         let mut worst = 0.0f64;
@@ -233,7 +374,7 @@ fn within_the_derived_bound_of_the_f64_product_on_training_shapes() {
                 let err = (c[i * n + j] as f64 - exact).abs();
                 assert!(
                     err <= gamma * abs,
-                    "[{m},{n},{k}] ({i},{j}): error {err:e} > bound {:e}",
+                    "{arith:?} [{m},{n},{k}] ({i},{j}): error {err:e} > bound {:e}",
                     gamma * abs
                 );
                 worst = worst.max(err / (gamma * abs).max(f64::MIN_POSITIVE));
@@ -298,7 +439,9 @@ fn every_operand_layout_packs_the_same_bits() {
         }
         let mut ws = Bf16Workspace::new();
         let mut want = vec![0.0f32; m * n];
+        let arith = [Bf16Arithmetic::Tiles, Bf16Arithmetic::Pairs][m % 2];
         bf16_gemm_tn(
+            arith,
             MatRef::row_major(&a, m, k),
             MatRef::row_major(&b, n, k),
             &mut want,
@@ -313,9 +456,9 @@ fn every_operand_layout_packs_the_same_bits() {
                 .chain(views(&bt, &bw, n, k));
             for (ib, vb) in bv.enumerate() {
                 let mut got = vec![f32::NAN; m * n];
-                bf16_gemm_tn(va, vb, &mut got, &mut ws);
+                bf16_gemm_tn(arith, va, vb, &mut got, &mut ws);
                 assert_eq!(got, want, "A layout {ia}, B layout {ib}, [{m},{n},{k}]");
-                bf16_gemm_tn_portable(va, vb, &mut got, &mut ws);
+                bf16_gemm_tn_portable(arith, va, vb, &mut got, &mut ws);
                 assert_eq!(got, want, "portable, A layout {ia}, B layout {ib}");
             }
         }

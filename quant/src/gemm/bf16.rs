@@ -1,11 +1,18 @@
 //! The BF16 GEMM: `out[M, N] = A[M, K] · B[N, K]ᵀ` with both operands rounded to BF16 and
-//! the products accumulated in FP32, in one fixed arithmetic (docs/numerics.md#the-bf16-gemm)
-//! that the AMX-BF16 tile unit computes and the portable code reproduces bit for bit.
+//! the products accumulated in FP32, in one of two fixed arithmetics
+//! ([`Bf16Arithmetic`], docs/numerics.md#the-bf16-gemm): those of the two x86 BF16
+//! dot-product units, each computed by its unit where the CPU has it and reproduced bit for
+//! bit by portable code everywhere.
 //!
-//! **The arithmetic.** Inputs are rounded to BF16 (round to nearest even; a value that is
+//! **What both share.** Inputs are rounded to BF16 (round to nearest even; a value that is
 //! already BF16, as every quantized GEMM operand is, is unchanged); BF16 subnormals count as
-//! zero (DAZ). K is cut into chunks of 32 (the last padded with zeros). For each output
-//! element `c = +0`, and for each chunk
+//! zero (DAZ). K is padded with zeros to a multiple of 32. Each product of two BF16 values is
+//! exact (also below FP32's normal range: the product is not flushed) and each `+` below is
+//! one FP32 addition of exact operands rounded to nearest even, with a subnormal result
+//! flushed to zero (FTZ, sign kept).
+//!
+//! **Tiles** (AMX-BF16 `tdpbf16ps`, as measured on an Intel Xeon): for each output element
+//! `c = +0`, and for each chunk of 32
 //!
 //! ```text
 //! e = +0, o = +0
@@ -13,16 +20,20 @@
 //! c = c + (e + o)
 //! ```
 //!
-//! where each product of two BF16 values is exact (also below FP32's normal range: the
-//! product is not flushed) and each `+` is one FP32 addition of exact operands rounded to
-//! nearest even, with a subnormal result flushed to zero (FTZ, sign kept). This is
-//! `tdpbf16ps` of Intel's AMX-BF16 as measured on the CPU here (even and odd lanes of a pair
-//! are summed separately; the tests compare it with this model on edge data). Not modelled:
-//! overflow (a product or partial sum beyond FP32's range, where the unit keeps a wider
-//! exponent than this model) and NaN payloads; the quantizers never produce such operands.
+//! **Pairs** (AVX512-BF16 `vdpbf16ps`, as specified by Intel and measured on an AMD EPYC
+//! Zen 4): one running sum, `c = +0`, and for each pair `j` of K in order
 //!
-//! Each output element depends only on its row of A and its row of B, so the result is the
-//! same for any M, N, thread count or parallel split.
+//! ```text
+//! c = c + a[2j+1]·b[2j+1];  c = c + a[2j]·b[2j]
+//! ```
+//!
+//! (the odd product first, each step rounded and flushed on its own).
+//!
+//! Not modelled: overflow of a product or partial sum beyond FP32's range (where the tile
+//! unit keeps a wider exponent than the model; `vdpbf16ps` overflows to infinity as modelled)
+//! and NaN payloads; the quantizers never produce such operands. Each output element
+//! depends only on its row of A and its row of B, so the result is the same for any M, N,
+//! thread count or parallel split.
 
 use rayon::prelude::*;
 
@@ -72,6 +83,12 @@ fn ftz(x: f32) -> f32 {
     }
 }
 
+/// The FP32 value of the BF16 rounding of `x` with subnormals read as zero: a GEMM input.
+#[inline(always)]
+fn bf16_input(x: f32) -> f32 {
+    bf16_daz(bf16_bits(x))
+}
+
 /// `ftz(rn32(s + p))` for an f32 `s` and an exact product `p` of two BF16 values (16
 /// significant bits, exponent within f64's range): `s + p` is rounded once to f64 and then to
 /// f32, which equals one rounding to f32 because f64 carries more than `2 · 24 + 2` bits
@@ -79,6 +96,99 @@ fn ftz(x: f32) -> f32 {
 #[inline(always)]
 fn add_exact(s: f32, p: f64) -> f32 {
     ftz((s as f64 + p) as f32)
+}
+
+/// The order in which a BF16 GEMM sums the products of one output element: the arithmetic
+/// of one of the two BF16 dot-product units (see the module docs). Both are exact products
+/// summed in FP32 with round-to-nearest-even, DAZ and FTZ; they differ in the order of the
+/// sums, hence in the last bits.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Bf16Arithmetic {
+    /// AMX-BF16 `tdpbf16ps`: per chunk of 32, the even and the odd products in two partial
+    /// sums, added together and then to the running sum.
+    Tiles,
+    /// AVX512-BF16 `vdpbf16ps`: one running sum over K, per pair the odd product first.
+    Pairs,
+}
+
+impl Bf16Arithmetic {
+    /// Whether this CPU computes the arithmetic in hardware (the AMX-BF16 tile unit for
+    /// [`Tiles`](Self::Tiles), AVX512_BF16 for [`Pairs`](Self::Pairs)), so that
+    /// [`bf16_gemm_tn`] runs at the unit's speed rather than on the portable model.
+    ///
+    /// ```
+    /// use quant::gemm::bf16::Bf16Arithmetic;
+    /// assert_eq!(Bf16Arithmetic::Tiles.native(), fp_formats::cpu::has_amx_bf16());
+    /// assert_eq!(Bf16Arithmetic::Pairs.native(), fp_formats::cpu::has_avx512_bf16());
+    /// ```
+    pub fn native(self) -> bool {
+        match self {
+            Bf16Arithmetic::Tiles => fp_formats::cpu::has_amx_bf16(),
+            Bf16Arithmetic::Pairs => fp_formats::cpu::has_avx512_bf16(),
+        }
+    }
+
+    /// The scalar reference of the arithmetic for one output element (rows `a` and `b` of
+    /// length K, rounded to BF16 here), written independently of the packed layouts: used
+    /// by the tests.
+    ///
+    /// ```
+    /// use quant::gemm::bf16::Bf16Arithmetic;
+    /// for arith in [Bf16Arithmetic::Tiles, Bf16Arithmetic::Pairs] {
+    ///     assert_eq!(arith.dot_reference(&[1.0, 2.0, 3.0], &[4.0, 5.0, 6.0]), 32.0);
+    /// }
+    /// // the orders differ in the last bits: with h = 2^-24, the tiles sum the lanes
+    /// // (1 + h) + 1.5h, the pairs run (1.5h + 1) + 0 + h
+    /// let h = 2f32.powi(-24);
+    /// let (a, b) = ([1.0, 1.5 * h, h, 0.0], [1.0f32; 4]);
+    /// assert_eq!(Bf16Arithmetic::Tiles.dot_reference(&a, &b), 1.0 + 2.0 * h);
+    /// assert_eq!(Bf16Arithmetic::Pairs.dot_reference(&a, &b), 1.0 + 4.0 * h);
+    /// ```
+    pub fn dot_reference(self, a: &[f32], b: &[f32]) -> f32 {
+        assert_eq!(a.len(), b.len(), "dot_reference: lengths differ");
+        // K padded with zeros to whole chunks (which can turn a -0 sum into +0)
+        let at = |x: &[f32], k: usize| bf16_input(x.get(k).copied().unwrap_or(0.0));
+        let product = |k: usize| at(a, k) as f64 * at(b, k) as f64;
+        let mut c = 0.0f32;
+        for k0 in (0..a.len()).step_by(CHUNK) {
+            match self {
+                Bf16Arithmetic::Tiles => {
+                    let (mut e, mut o) = (0.0f32, 0.0f32);
+                    for k in (k0..k0 + CHUNK).step_by(2) {
+                        e = add_exact(e, product(k));
+                        o = add_exact(o, product(k + 1));
+                    }
+                    c = ftz(c + ftz(e + o));
+                }
+                Bf16Arithmetic::Pairs => {
+                    for k in (k0..k0 + CHUNK).step_by(2) {
+                        c = add_exact(c, product(k + 1));
+                        c = add_exact(c, product(k));
+                    }
+                }
+            }
+        }
+        c
+    }
+}
+
+/// What computes a GEMM: one of the two units, or the portable model of an arithmetic.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Unit {
+    Amx,
+    Dpbf16,
+    Portable(Bf16Arithmetic),
+}
+
+impl Unit {
+    /// The unit of `arith` where the CPU has it, its portable model otherwise.
+    fn of(arith: Bf16Arithmetic) -> Unit {
+        match arith {
+            Bf16Arithmetic::Tiles if arith.native() => Unit::Amx,
+            Bf16Arithmetic::Pairs if arith.native() => Unit::Dpbf16,
+            _ => Unit::Portable(arith),
+        }
+    }
 }
 
 /// Packed operands, reusable across calls.
@@ -98,35 +208,58 @@ impl Bf16Workspace {
 }
 
 /// `out = A · Bᵀ` for `A: [M, K]` and `B: [N, K]` views (any strides), `out` row-major
-/// `[M, N]`, in the arithmetic of the module docs; on the AMX-BF16 unit when
-/// [`fp_formats::cpu::has_amx_bf16`] says so, portable code otherwise (same bits).
+/// `[M, N]`, in the arithmetic `arith` (module docs): on its unit where
+/// [`Bf16Arithmetic::native`] says the CPU has it, on portable code otherwise (same bits).
 ///
 /// # Panics
 /// If the K dimensions differ, `out` does not hold `M · N` elements or a view does not fit
 /// its storage (callers that take shapes from users check them first).
 ///
 /// ```
-/// use quant::gemm::{bf16::{bf16_gemm_tn, Bf16Workspace}, MatRef};
+/// use quant::gemm::{bf16::{bf16_gemm_tn, Bf16Arithmetic, Bf16Workspace}, MatRef};
 /// let a = [1.0f32, 2.0, 3.0, 4.0]; // [2, 2]
 /// let b = [1.0f32, 0.0, 0.0, 1.0, 1.0, 1.0]; // [3, 2]
 /// let mut c = [0.0f32; 6];
-/// bf16_gemm_tn(MatRef::row_major(&a, 2, 2), MatRef::row_major(&b, 3, 2), &mut c, &mut Bf16Workspace::new());
+/// let (av, bv) = (MatRef::row_major(&a, 2, 2), MatRef::row_major(&b, 3, 2));
+/// bf16_gemm_tn(Bf16Arithmetic::Pairs, av, bv, &mut c, &mut Bf16Workspace::new());
 /// assert_eq!(c, [1.0, 2.0, 3.0, 3.0, 4.0, 7.0]);
 /// ```
-pub fn bf16_gemm_tn(a: MatRef<'_>, b: MatRef<'_>, out: &mut [f32], ws: &mut Bf16Workspace) {
-    gemm(fp_formats::cpu::has_amx_bf16(), a, b, out, ws);
+pub fn bf16_gemm_tn(
+    arith: Bf16Arithmetic,
+    a: MatRef<'_>,
+    b: MatRef<'_>,
+    out: &mut [f32],
+    ws: &mut Bf16Workspace,
+) {
+    gemm_sides(Unit::of(arith), Side::View(a), Side::View(b), out, ws);
+}
+
+/// The arithmetic of the BF16 unit this CPU has, which the quantized GEMMs of training run
+/// on: [`Tiles`](Bf16Arithmetic::Tiles) on the AMX-BF16 unit where present, else
+/// [`Pairs`](Bf16Arithmetic::Pairs) on AVX512-BF16, else `None` (and
+/// [`quantized_gemm_tn`] runs on the f32 GEMM). The portable models reproduce both units bit
+/// for bit but run two orders of magnitude slower than the f32 GEMM, so they serve the
+/// tests, not training.
+///
+/// ```
+/// use quant::gemm::bf16::quantized_gemm_arithmetic;
+/// if let Some(arith) = quantized_gemm_arithmetic() {
+///     assert!(arith.native());
+/// }
+/// ```
+pub fn quantized_gemm_arithmetic() -> Option<Bf16Arithmetic> {
+    [Bf16Arithmetic::Tiles, Bf16Arithmetic::Pairs]
+        .into_iter()
+        .find(|a| a.native())
 }
 
 /// The GEMM that two quantized operands (values exactly BF16, see [`crate::qgemm`]) multiply
-/// on in training: the AMX-BF16 unit ([`bf16_gemm_tn`]'s arithmetic) where
-/// [`fp_formats::cpu::has_amx_bf16`] says the CPU has it, the f32 GEMM
-/// ([`sgemm`](crate::gemm::sgemm), FP32 products and sums) elsewhere. The portable model of
-/// the tile arithmetic reproduces AMX bit for bit but runs two orders of magnitude slower
-/// than the f32 GEMM, so it serves the tests, not training: on a CPU without AMX (or with
-/// `NIBBLE_FORCE_PORTABLE`) quantized recipes keep the f32 GEMM's sums. Either way each
-/// output element depends only on its two rows, never on `M` or the thread count; which of
-/// the two arithmetics ran is a property of the machine, so bitwise reproduction holds per
-/// machine (docs/numerics.md#the-bf16-gemm).
+/// on in training: [`bf16_gemm_tn`] on the unit of [`quantized_gemm_arithmetic`] where the
+/// CPU has one, the f32 GEMM ([`sgemm`](crate::gemm::sgemm), FP32 products and sums)
+/// elsewhere (and under `NIBBLE_FORCE_PORTABLE`). Either way each output element depends
+/// only on its two rows, never on `M` or the thread count; which arithmetic ran is a
+/// property of the machine, so bitwise reproduction holds per machine
+/// (docs/numerics.md#the-bf16-gemm).
 ///
 /// ```
 /// use quant::gemm::{bf16::{quantized_gemm_tn, Bf16Workspace}, MatRef};
@@ -137,43 +270,40 @@ pub fn bf16_gemm_tn(a: MatRef<'_>, b: MatRef<'_>, out: &mut [f32], ws: &mut Bf16
 /// assert_eq!(c, [1.0, 2.0, 3.0, 3.0, 4.0, 7.0]);
 /// ```
 pub fn quantized_gemm_tn(a: MatRef<'_>, b: MatRef<'_>, out: &mut [f32], ws: &mut Bf16Workspace) {
-    if fp_formats::cpu::has_amx_bf16() {
-        gemm(true, a, b, out, ws);
-    } else {
-        crate::gemm::sgemm(1.0, a, b.t(), 0.0, out);
+    match quantized_gemm_arithmetic() {
+        Some(arith) => bf16_gemm_tn(arith, a, b, out, ws),
+        None => crate::gemm::sgemm(1.0, a, b.t(), 0.0, out),
     }
 }
 
-/// Whether [`quantized_gemm_tn`] rounds its inputs to BF16 itself on this machine (the tile
-/// unit's operands are packed with round-to-nearest-even, exactly the BF16 quantizer's RNE
-/// values; NaN stays NaN): then an operand whose quantizer is BF16 with nearest rounding may
-/// go in unrounded, with the same result bit for bit and no rounding pass over it. False
-/// where the product runs on the f32 GEMM, which takes its inputs as they are.
+/// Whether [`quantized_gemm_tn`] rounds its inputs to BF16 itself on this machine (a BF16
+/// unit runs, whose operands are packed with round-to-nearest-even, exactly the BF16
+/// quantizer's RNE values; NaN stays NaN): then an operand whose quantizer is BF16 with
+/// nearest rounding may go in unrounded, with the same result bit for bit and no rounding
+/// pass over it. False where the product runs on the f32 GEMM, which takes its inputs as
+/// they are.
 ///
 /// ```
 /// assert_eq!(
 ///     quant::gemm::bf16::quantized_gemm_rounds_inputs(),
-///     fp_formats::cpu::has_amx_bf16()
+///     quant::gemm::bf16::quantized_gemm_arithmetic().is_some()
 /// );
 /// ```
 pub fn quantized_gemm_rounds_inputs() -> bool {
-    fp_formats::cpu::has_amx_bf16()
+    quantized_gemm_arithmetic().is_some()
 }
 
 /// [`bf16_gemm_tn`] on the portable code whatever the CPU (for tests and benchmarks that
 /// compare the two; the bits are the same).
 #[doc(hidden)]
 pub fn bf16_gemm_tn_portable(
+    arith: Bf16Arithmetic,
     a: MatRef<'_>,
     b: MatRef<'_>,
     out: &mut [f32],
     ws: &mut Bf16Workspace,
 ) {
-    gemm(false, a, b, out, ws);
-}
-
-fn gemm(amx: bool, a: MatRef<'_>, b: MatRef<'_>, out: &mut [f32], ws: &mut Bf16Workspace) {
-    gemm_sides(amx, Side::View(a), Side::View(b), out, ws);
+    gemm_sides(Unit::Portable(arith), Side::View(a), Side::View(b), out, ws);
 }
 
 /// One operand of [`quantized_gemm_sides`]: a view the GEMM packs, or an `[rows, k]` operand
@@ -205,11 +335,11 @@ impl Side<'_> {
 }
 
 /// [`quantized_gemm_tn`] on operands that may come packed already (quantized straight into
-/// the tile layout, see [`super::pack::pack_panels`]). Only where the tile unit runs
-/// ([`quantized_gemm_rounds_inputs`]): the packed tiles are its input format.
+/// the tile layout, see [`super::pack::pack_panels`]). Only where a BF16 unit runs
+/// ([`quantized_gemm_rounds_inputs`]): the packed tiles are the input format of both.
 ///
 /// # Panics
-/// As [`bf16_gemm_tn`]; also when the CPU has no AMX-BF16 or a packed side's buffer is too
+/// As [`bf16_gemm_tn`]; also when the CPU has no BF16 unit or a packed side's buffer is too
 /// short for its shape.
 pub(crate) fn quantized_gemm_sides(
     a: Side<'_>,
@@ -217,14 +347,12 @@ pub(crate) fn quantized_gemm_sides(
     out: &mut [f32],
     ws: &mut Bf16Workspace,
 ) {
-    assert!(
-        quantized_gemm_rounds_inputs(),
-        "quantized_gemm_sides: no AMX-BF16 on this CPU"
-    );
-    gemm_sides(true, a, b, out, ws);
+    let arith =
+        quantized_gemm_arithmetic().expect("quantized_gemm_sides: no BF16 unit on this CPU");
+    gemm_sides(Unit::of(arith), a, b, out, ws);
 }
 
-fn gemm_sides(amx: bool, a: Side<'_>, b: Side<'_>, out: &mut [f32], ws: &mut Bf16Workspace) {
+fn gemm_sides(unit: Unit, a: Side<'_>, b: Side<'_>, out: &mut [f32], ws: &mut Bf16Workspace) {
     let ((m, k), (n, kb)) = (a.dims(), b.dims());
     assert_eq!(kb, k, "bf16_gemm_tn: K differs ({k} vs {kb})");
     assert_eq!(out.len(), m * n, "bf16_gemm_tn: output length");
@@ -264,7 +392,7 @@ fn gemm_sides(amx: bool, a: Side<'_>, b: Side<'_>, out: &mut [f32], ws: &mut Bf1
         .for_each(|(g, rows)| {
             let mut c = [0.0f32; BLOCK * BLOCK];
             #[cfg(target_arch = "x86_64")]
-            let _cfg = amx.then(super::amx::TileConfig::load);
+            let _cfg = (unit == Unit::Amx).then(super::amx::TileConfig::load);
             for k0 in (0..kc).step_by(KBLOCK) {
                 let kn = (kc - k0).min(KBLOCK);
                 let acc = k0 > 0;
@@ -278,7 +406,7 @@ fn gemm_sides(amx: bool, a: Side<'_>, b: Side<'_>, out: &mut [f32], ws: &mut Bf1
                         let tiles = (a_blk, b_blk, kn);
                         if m_here == BLOCK && n_here == BLOCK {
                             // a whole block: straight into the output rows
-                            block(amx, tiles, acc, &mut rows[jb * BLOCK..], n);
+                            block(unit, tiles, acc, &mut rows[jb * BLOCK..], n);
                         } else {
                             if acc {
                                 for r in 0..m_here {
@@ -286,7 +414,7 @@ fn gemm_sides(amx: bool, a: Side<'_>, b: Side<'_>, out: &mut [f32], ws: &mut Bf1
                                         .copy_from_slice(&rows[r * n + jb * BLOCK..][..n_here]);
                                 }
                             }
-                            block(amx, tiles, acc, &mut c, BLOCK);
+                            block(unit, tiles, acc, &mut c, BLOCK);
                             for r in 0..m_here {
                                 rows[r * n + jb * BLOCK..][..n_here]
                                     .copy_from_slice(&c[r * BLOCK..][..n_here]);
@@ -357,11 +485,11 @@ impl Tiles<'_> {
 
 /// One 32 x 32 output block over `chunks` chunks of `(a, b, chunks)` (see [`Tiles`] and
 /// [`super::amx::block_2x2`]), accumulated into `c` (row stride `ldc`; tile `(i, j)`: rows
-/// `16i ..`, columns `16j ..`) when `acc`, written over it otherwise. `c` must hold `31 ·
-/// ldc + 32` elements.
+/// `16i ..`, columns `16j ..`) when `acc`, written over it otherwise, on `unit`. `c` must
+/// hold `31 · ldc + 32` elements.
 #[inline]
 fn block(
-    amx: bool,
+    unit: Unit,
     (a, b, chunks): (Tiles<'_>, Tiles<'_>, usize),
     acc: bool,
     c: &mut [f32],
@@ -369,25 +497,30 @@ fn block(
 ) {
     assert!(ldc >= BLOCK && c.len() >= (BLOCK - 1) * ldc + BLOCK);
     assert!(a.holds(chunks) && b.holds(chunks));
-    #[cfg(target_arch = "x86_64")]
-    if amx {
-        // SAFETY: `amx` comes from `has_amx_bf16` (CPU support and OS permission), the
-        // caller loaded the tile configuration on this thread, `a` and `b` hold their tiles
-        // (i, t) for i < 2, t < chunks at the strides given, and `c` the 32 x 32 block at
-        // stride `ldc` (asserted above).
-        unsafe {
-            super::amx::block_2x2(
+    let arith = match unit {
+        #[cfg(target_arch = "x86_64")]
+        Unit::Amx | Unit::Dpbf16 => {
+            let (pa, pb) = (
                 (a.words.as_ptr().cast(), a.run, a.step),
                 (b.words.as_ptr().cast(), b.run, b.step),
-                chunks,
-                c.as_mut_ptr(),
-                ldc,
-                acc,
-            )
-        };
-        return;
-    }
-    let _ = amx;
+            );
+            // SAFETY: the unit comes from `Unit::of`, which checked the CPU's support (and
+            // for AMX the OS permission; the caller loaded the tile configuration on this
+            // thread); `a` and `b` hold their tiles (i, t) for i < 2, t < chunks at the
+            // strides given, and `c` the 32 x 32 block at stride `ldc` (asserted above).
+            unsafe {
+                if unit == Unit::Amx {
+                    super::amx::block_2x2(pa, pb, chunks, c.as_mut_ptr(), ldc, acc)
+                } else {
+                    super::dpbf16::block_2x2(pa, pb, chunks, c.as_mut_ptr(), ldc, acc)
+                }
+            };
+            return;
+        }
+        Unit::Portable(arith) => arith,
+        #[cfg(not(target_arch = "x86_64"))]
+        _ => unreachable!("no BF16 unit off x86_64"),
+    };
     if !acc {
         for r in 0..BLOCK {
             c[r * ldc..][..BLOCK].fill(0.0);
@@ -397,14 +530,18 @@ fn block(
         for i in 0..2 {
             let at = a.tile(i, t);
             for j in 0..2 {
-                tile_portable(&mut c[i * TILE * ldc + j * TILE..], ldc, at, b.tile(j, t));
+                let c = &mut c[i * TILE * ldc + j * TILE..];
+                match arith {
+                    Bf16Arithmetic::Tiles => tile_portable(c, ldc, at, b.tile(j, t)),
+                    Bf16Arithmetic::Pairs => pairs_portable(c, ldc, at, b.tile(j, t)),
+                }
             }
         }
     }
 }
 
 /// The portable model of one `tdpbf16ps` on 16 x 16 tiles: `c[r][n] += Σ a[r][k]·b[k][n]`
-/// over one chunk of 32, in the arithmetic of the module docs; `c` has row stride `ldc`.
+/// over one chunk of 32, in the tile arithmetic of the module docs; `c` has row stride `ldc`.
 fn tile_portable(c: &mut [f32], ldc: usize, a: &[u16], b: &[u16]) {
     for r in 0..TILE {
         let (mut e, mut o) = ([0.0f32; TILE], [0.0f32; TILE]);
@@ -424,34 +561,23 @@ fn tile_portable(c: &mut [f32], ldc: usize, a: &[u16], b: &[u16]) {
     }
 }
 
-/// The scalar reference of the arithmetic for one output element (rows `a` and `b` of
-/// length K), written independently of the tile layout: used by the tests.
-///
-/// ```
-/// use quant::gemm::bf16::dot_reference;
-/// assert_eq!(dot_reference(&[1.0, 2.0, 3.0], &[4.0, 5.0, 6.0]), 32.0);
-/// ```
-pub fn dot_reference(a: &[f32], b: &[f32]) -> f32 {
-    assert_eq!(a.len(), b.len(), "dot_reference: lengths differ");
-    let mut c = 0.0f32;
-    for (ca, cb) in a.chunks(CHUNK).zip(b.chunks(CHUNK)) {
-        let (mut e, mut o) = (0.0f32, 0.0f32);
-        for k in 0..CHUNK {
-            // the last chunk is padded with zeros (which can turn a -0 sum into +0)
-            let (x, y) = (
-                ca.get(k).copied().unwrap_or(0.0),
-                cb.get(k).copied().unwrap_or(0.0),
-            );
-            let p = bf16_daz(bf16_bits(x)) as f64 * bf16_daz(bf16_bits(y)) as f64;
-            if k % 2 == 0 {
-                e = add_exact(e, p);
-            } else {
-                o = add_exact(o, p);
+/// The portable model of sixteen `vdpbf16ps` (one chunk of 32) on a 16 x 16 block: for each
+/// pair `p` in order, `c[r][n] += a[r][2p+1]·b[2p+1][n]`, then `+= a[r][2p]·b[2p][n]`, in
+/// the pair arithmetic of the module docs (the sum read with DAZ, as the instruction does);
+/// `c` has row stride `ldc`.
+fn pairs_portable(c: &mut [f32], ldc: usize, a: &[u16], b: &[u16]) {
+    for r in 0..TILE {
+        let ar = &a[r * CHUNK..][..CHUNK];
+        let cr = &mut c[r * ldc..][..TILE];
+        for p in 0..CHUNK / 2 {
+            let (a0, a1) = (bf16_daz(ar[2 * p]) as f64, bf16_daz(ar[2 * p + 1]) as f64);
+            let br = &b[p * 2 * TILE..][..2 * TILE];
+            for (nn, s) in cr.iter_mut().enumerate() {
+                let odd = add_exact(ftz(*s), a1 * bf16_daz(br[2 * nn + 1]) as f64);
+                *s = add_exact(odd, a0 * bf16_daz(br[2 * nn]) as f64);
             }
         }
-        c = ftz(c + ftz(e + o));
     }
-    c
 }
 
 /// Floating-point operations of `iters` rounds of the tile unit's peak loop on this thread

@@ -4,12 +4,16 @@
 //! Threads: `matrixmultiply` reads `MATMUL_NUM_THREADS` (default: all cores).
 //!
 //! [`bf16`] is the BF16 GEMM (BF16 operands, FP32 accumulation) of the quantized recipes, on
-//! the AMX-BF16 tile unit where the CPU has one.
+//! the AMX-BF16 tile unit or the AVX512-BF16 dot-product instruction where the CPU has one.
 
 #[cfg(target_arch = "x86_64")]
 mod amx;
 pub mod bf16;
+#[cfg(target_arch = "x86_64")]
+mod dpbf16;
 pub(crate) mod pack;
+#[cfg(target_arch = "x86_64")]
+mod pack_avx512;
 
 pub use crate::matrix::MatRef;
 

@@ -44,7 +44,7 @@ pub(super) fn pack_a(a: MatRef<'_>, kc: usize, row_tiles: usize, buf: &mut Vec<u
                 unsafe { pack_tiles_avx512(a, kc, g * group, tiles, (true, false)) };
                 return;
             }
-            pack_tiles(a, kc, g * group, tiles, (true, false));
+            pack_tiles::<false>(a, kc, g * group, tiles, (true, false));
         });
 }
 
@@ -69,7 +69,7 @@ pub(super) fn pack_b(b: MatRef<'_>, kc: usize, col_tiles: usize, buf: &mut Vec<u
                 unsafe { pack_tiles_avx512(b, kc, g * group, tiles, (false, false)) };
                 return;
             }
-            pack_tiles(b, kc, g * group, tiles, (false, false));
+            pack_tiles::<false>(b, kc, g * group, tiles, (false, false));
         });
 }
 
@@ -85,7 +85,7 @@ fn group_size(blocks: usize) -> usize {
 /// (`words[p][r]`, see [`pack_b`]) otherwise; tile `(b, t)` at tile index `b · kc + t`, or
 /// `t · blocks + b` when `chunk_major`.
 #[inline(always)]
-fn pack_tiles(
+fn pack_tiles<const WIDE: bool>(
     x: MatRef<'_>,
     kc: usize,
     i0: usize,
@@ -107,17 +107,40 @@ fn pack_tiles(
         for t in 0..kc {
             for b in 0..blocks {
                 let tile = &mut tiles[at(b, t)..][..TILE_WORDS];
-                pack_tile(x, i0 + b, t, tile, a_layout, &mut w);
+                pack_one::<WIDE>(x, i0 + b, t, tile, a_layout, &mut w);
             }
         }
     } else {
         for b in 0..blocks {
             for t in 0..kc {
                 let tile = &mut tiles[at(b, t)..][..TILE_WORDS];
-                pack_tile(x, i0 + b, t, tile, a_layout, &mut w);
+                pack_one::<WIDE>(x, i0 + b, t, tile, a_layout, &mut w);
             }
         }
     }
+}
+
+/// [`pack_tile`], on the AVX-512 packer where `WIDE` (only inside [`pack_tiles_avx512`])
+/// and the view's layout has one.
+#[inline(always)]
+fn pack_one<const WIDE: bool>(
+    x: MatRef<'_>,
+    i: usize,
+    t: usize,
+    tile: &mut [u32],
+    a_layout: bool,
+    w: &mut [[u32; TILE]; TILE],
+) {
+    #[cfg(target_arch = "x86_64")]
+    if WIDE && x.rows > i * TILE {
+        // SAFETY: `WIDE` is set only by `pack_tiles_avx512`, whose caller checked AVX-512F
+        // and AVX-512BW (`wide_packing`); the view fits its storage (the GEMM asserted it)
+        // and tile `i` holds rows of it.
+        if unsafe { super::pack_avx512::pack_tile(x, i, t, tile, a_layout) } {
+            return;
+        }
+    }
+    pack_tile(x, i, t, tile, a_layout, w);
 }
 
 /// Packs tile `(i, t)` of `x` (rows `16i ..`, K `32t ..`; zero-padded). The two layouts are
@@ -191,6 +214,18 @@ fn pack_tile(
     }
 }
 
+/// [`pack_tile`] with its own scratch, for the AVX-512 packer's tests.
+#[cfg(test)]
+pub(super) fn pack_tile_scalar_for_tests(
+    x: MatRef<'_>,
+    i: usize,
+    t: usize,
+    tile: &mut [u32],
+    a_layout: bool,
+) {
+    pack_tile(x, i, t, tile, a_layout, &mut [[0; TILE]; TILE]);
+}
+
 /// `tile[y · 16 + x] = w[x][y]`: the 16 x 16 words transposed.
 #[inline(always)]
 fn store_transposed(w: &[[u32; TILE]; TILE], tile: &mut [u32]) {
@@ -202,7 +237,9 @@ fn store_transposed(w: &[[u32; TILE]; TILE], tile: &mut [u32]) {
     }
 }
 
-/// [`pack_tiles`] compiled for AVX-512 (every CPU with AMX has it).
+/// [`pack_tiles`] compiled for AVX-512 (every CPU with AMX or AVX512_BF16 has it), with the
+/// tiles of K- or rows-contiguous views packed sixteen words at a time
+/// ([`super::pack_avx512`]).
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma")]
 unsafe fn pack_tiles_avx512(
@@ -212,12 +249,12 @@ unsafe fn pack_tiles_avx512(
     tiles: &mut [u32],
     layout: (bool, bool),
 ) {
-    pack_tiles(x, kc, i0, tiles, layout)
+    pack_tiles::<true>(x, kc, i0, tiles, layout)
 }
 
 /// Whether the packing loops may use AVX-512 (the same instructions' results: the packing
 /// only converts and moves values, so the bits do not depend on it).
-fn wide_packing() -> bool {
+pub(super) fn wide_packing() -> bool {
     #[cfg(target_arch = "x86_64")]
     {
         fp_formats::cpu::has_avx512_bf16()
@@ -365,5 +402,5 @@ fn pack_dispatch(x: MatRef<'_>, kc: usize, tiles: &mut [u32], layout: (bool, boo
         unsafe { pack_tiles_avx512(x, kc, 0, tiles, layout) };
         return;
     }
-    pack_tiles(x, kc, 0, tiles, layout);
+    pack_tiles::<false>(x, kc, 0, tiles, layout);
 }

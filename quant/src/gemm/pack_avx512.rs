@@ -1,0 +1,210 @@
+//! AVX-512 packing of one 16 x 32 tile (see [`super::pack`]) for the two view layouts that
+//! training uses: K contiguous (row-major operands) and rows contiguous (transposed views,
+//! the Wgrad operands and W in Dgrad). Sixteen 32-bit words at a time: f32 values rounded
+//! to BF16 (nearest even, NaN quieted) exactly as [`super::bf16::bf16_bits`], pairs formed
+//! along K, and the 16 x 16 block of pair words transposed in registers when the tile wants
+//! the other orientation. The same words as the scalar packing (the tests compare them).
+
+#[cfg(target_arch = "x86_64")]
+use std::arch::x86_64::*;
+
+use super::bf16::{CHUNK, TILE, TILE_WORDS};
+use super::MatRef;
+
+/// The BF16 rounding of sixteen f32 values, in the high half of each 32-bit lane (the low
+/// half is garbage): `b + 0x7fff + lsb`, or `b | 0x0040_0000` for a NaN (quieted).
+#[inline]
+#[target_feature(enable = "avx512f")]
+unsafe fn round_high(x: __m512) -> __m512i {
+    let b = _mm512_castps_si512(x);
+    let lsb = _mm512_and_si512(_mm512_srli_epi32::<16>(b), _mm512_set1_epi32(1));
+    let rounded = _mm512_add_epi32(b, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7fff)));
+    let nan = _mm512_cmp_ps_mask::<_CMP_UNORD_Q>(x, x);
+    _mm512_mask_blend_epi32(
+        nan,
+        rounded,
+        _mm512_or_si512(b, _mm512_set1_epi32(0x0040_0000)),
+    )
+}
+
+/// Pair words from two vectors of rounded values: `lo`'s BF16 in the low half, `hi`'s in
+/// the high half of each lane (element `2p` before `2p + 1` in memory, little-endian).
+#[inline]
+#[target_feature(enable = "avx512f")]
+unsafe fn pair_words(lo: __m512i, hi: __m512i) -> __m512i {
+    let hi_mask = _mm512_set1_epi32(0xffff_0000u32 as i32);
+    _mm512_or_si512(_mm512_srli_epi32::<16>(lo), _mm512_and_si512(hi, hi_mask))
+}
+
+/// `r[y][x] = r[x][y]`: a 16 x 16 block of 32-bit words transposed in registers.
+#[inline]
+#[target_feature(enable = "avx512f")]
+unsafe fn transpose16(r: &mut [__m512i; 16]) {
+    let mut t = [_mm512_setzero_si512(); 16];
+    for i in 0..8 {
+        t[2 * i] = _mm512_unpacklo_epi32(r[2 * i], r[2 * i + 1]);
+        t[2 * i + 1] = _mm512_unpackhi_epi32(r[2 * i], r[2 * i + 1]);
+    }
+    // u[4i + j], 128-bit lane L: column 4L + j of rows 4i .. 4i + 3
+    let mut u = [_mm512_setzero_si512(); 16];
+    for i in 0..4 {
+        u[4 * i] = _mm512_unpacklo_epi64(t[4 * i], t[4 * i + 2]);
+        u[4 * i + 1] = _mm512_unpackhi_epi64(t[4 * i], t[4 * i + 2]);
+        u[4 * i + 2] = _mm512_unpacklo_epi64(t[4 * i + 1], t[4 * i + 3]);
+        u[4 * i + 3] = _mm512_unpackhi_epi64(t[4 * i + 1], t[4 * i + 3]);
+    }
+    // row 4L + j = lane L of u[j], u[4 + j], u[8 + j], u[12 + j]
+    for j in 0..4 {
+        let s0 = _mm512_shuffle_i32x4::<0b01_00_01_00>(u[j], u[4 + j]);
+        let s1 = _mm512_shuffle_i32x4::<0b11_10_11_10>(u[j], u[4 + j]);
+        let s2 = _mm512_shuffle_i32x4::<0b01_00_01_00>(u[8 + j], u[12 + j]);
+        let s3 = _mm512_shuffle_i32x4::<0b11_10_11_10>(u[8 + j], u[12 + j]);
+        r[j] = _mm512_shuffle_i32x4::<0b10_00_10_00>(s0, s2);
+        r[4 + j] = _mm512_shuffle_i32x4::<0b11_01_11_01>(s0, s2);
+        r[8 + j] = _mm512_shuffle_i32x4::<0b10_00_10_00>(s1, s3);
+        r[12 + j] = _mm512_shuffle_i32x4::<0b11_01_11_01>(s1, s3);
+    }
+}
+
+/// The first `n` of 16 lanes.
+#[inline(always)]
+fn lanes(n: usize) -> __mmask16 {
+    if n >= 16 {
+        0xffff
+    } else {
+        ((1u32 << n) - 1) as __mmask16
+    }
+}
+
+/// Packs tile `(i, t)` of `x` (rows `16i ..`, K `32t ..`, zero-padded) into `tile` as
+/// [`super::pack::pack_tile`] does, when the view is K-contiguous (`col_stride == 1`) or
+/// rows-contiguous (`row_stride == 1`); returns `false` without writing for other strides.
+/// `i` must name a tile with at least one row of `x`.
+///
+/// # Safety
+/// The CPU must have AVX-512F and AVX-512BW; `x` must fit its storage ([`MatRef::fits`]).
+#[target_feature(enable = "avx512f,avx512bw")]
+pub(super) unsafe fn pack_tile(
+    x: MatRef<'_>,
+    i: usize,
+    t: usize,
+    tile: &mut [u32],
+    a_layout: bool,
+) -> bool {
+    let rows_here = x.rows.saturating_sub(i * TILE).min(TILE);
+    let (k0, kn) = (t * CHUNK, (x.cols - t * CHUNK).min(CHUNK));
+    debug_assert!(rows_here > 0 && kn > 0 && x.fits());
+    let tile = &mut tile[..TILE_WORDS];
+    let mut w = [_mm512_setzero_si512(); TILE];
+    // `w[r]`: the 16 pair words of row r (A orientation), or of pair r (B orientation)
+    let by_rows = if x.col_stride == 1 {
+        let (m0, m1) = (lanes(kn), lanes(kn.saturating_sub(16)));
+        for (r, wr) in w.iter_mut().enumerate().take(rows_here) {
+            // in bounds: the row's first element lies in the view (it fits its storage)
+            let p = x.data.as_ptr().add((i * TILE + r) * x.row_stride + k0);
+            let v0 = round_high(_mm512_maskz_loadu_ps(m0, p));
+            // (no lanes read when the row has at most 16 values left)
+            let v1 = round_high(_mm512_maskz_loadu_ps(m1, p.wrapping_add(16)));
+            // the odd 16-bit halves (the BF16 values) of v0 then v1, in K order
+            let odd = _mm512_set_epi16(
+                63, 61, 59, 57, 55, 53, 51, 49, 47, 45, 43, 41, 39, 37, 35, 33, 31, 29, 27, 25, 23,
+                21, 19, 17, 15, 13, 11, 9, 7, 5, 3, 1,
+            );
+            *wr = _mm512_permutex2var_epi16(v0, odd, v1);
+        }
+        true
+    } else if x.row_stride == 1 {
+        let m = lanes(rows_here);
+        for (p, wp) in w.iter_mut().enumerate().take(kn.div_ceil(2)) {
+            let (lo, hi) = (2 * p, 2 * p + 1);
+            // in bounds: line k0 + kk < K starts inside the view; lanes past its rows masked
+            let at = |kk: usize| x.data.as_ptr().add((k0 + kk) * x.col_stride + i * TILE);
+            let lo = round_high(_mm512_maskz_loadu_ps(m, at(lo)));
+            let hi = if hi < kn {
+                round_high(_mm512_maskz_loadu_ps(m, at(hi)))
+            } else {
+                _mm512_setzero_si512()
+            };
+            *wp = pair_words(lo, hi);
+        }
+        false
+    } else {
+        return false;
+    };
+    if by_rows != a_layout {
+        transpose16(&mut w);
+    }
+    for (dst, v) in tile.chunks_exact_mut(TILE).zip(w) {
+        _mm512_storeu_si512(dst.as_mut_ptr().cast(), v);
+    }
+    true
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::pack::{pack_tile_scalar_for_tests as scalar, wide_packing};
+    use super::*;
+
+    /// Values that exercise the rounding: ties both ways, NaNs (quieted, sign kept),
+    /// infinities, f32 subnormals (which round to BF16 subnormals or the smallest normal),
+    /// values that round up to infinity, signed zeros.
+    fn edge(n: usize) -> Vec<f32> {
+        let specials = [
+            f32::from_bits(0x3f80_8000), // tie, even below: stays
+            f32::from_bits(0x3f81_8000), // tie, odd below: rounds up
+            f32::from_bits(0x3f80_8001),
+            f32::from_bits(0x7f80_0001), // signalling NaN
+            f32::from_bits(0xffc0_1234),
+            f32::INFINITY,
+            f32::NEG_INFINITY,
+            f32::from_bits(0x007f_ffff), // subnormal rounding to the smallest normal
+            f32::from_bits(0x0000_8000),
+            f32::from_bits(0x7f7f_ffff), // rounds to infinity
+            -0.0,
+            0.0,
+        ];
+        (0..n)
+            .map(|j| {
+                let h = (j as u32).wrapping_mul(2_654_435_761);
+                if h.is_multiple_of(5) {
+                    specials[(h / 5) as usize % specials.len()]
+                } else {
+                    f32::from_bits(h)
+                }
+            })
+            .collect()
+    }
+
+    #[test]
+    fn packs_the_scalar_words_for_both_layouts_and_orientations() {
+        if !wide_packing() {
+            eprintln!("SKIP: no AVX-512F/BW on this CPU (the scalar packing is what runs)");
+            return;
+        }
+        // rows x K with partial tiles and chunks; stored row-major and transposed
+        for (rows, k) in [(16, 32), (37, 75), (5, 33), (40, 1), (16, 17)] {
+            let v = edge(rows * k);
+            let vt: Vec<f32> = (0..rows * k)
+                .map(|j| v[(j % rows) * k + j / rows])
+                .collect();
+            let views = [
+                MatRef::row_major(&v, rows, k),
+                MatRef::row_major(&vt, k, rows).t(),
+            ];
+            for x in views {
+                for a_layout in [true, false] {
+                    for i in 0..rows.div_ceil(TILE) {
+                        for t in 0..k.div_ceil(CHUNK) {
+                            let mut want = vec![7u32; TILE_WORDS];
+                            let mut got = vec![9u32; TILE_WORDS];
+                            scalar(x, i, t, &mut want, a_layout);
+                            // SAFETY: checked just above; the views fit their storage
+                            assert!(unsafe { pack_tile(x, i, t, &mut got, a_layout) });
+                            assert_eq!(got, want, "[{rows}, {k}] tile ({i}, {t}) a {a_layout}");
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
