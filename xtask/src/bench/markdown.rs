@@ -299,7 +299,7 @@ fn gemms(s: &mut String, metrics: &[Metric]) {
     let peak = |unit: &str, t: u32| find(metrics, &format!("machine/peak_{unit}/gflops_{t}t"));
     let _ = writeln!(
         s,
-        "\nGEMMs on the training shapes (reported), GFLOP/s and fraction of the instruction's measured peak (f32: FP32 FMA; the others: AMX-BF16 where present, else FP32 FMA), 1 / 2 threads; the NVFP4 and MXFP8 GEMMs include quantizing their f32 operands. Peaks here: FP32 FMA {} / {}, `vdpbf16ps` {} / {}, AMX-BF16 {} / {} GFLOP/s.\n\n| shape (M x N x K) | f32 | bf16 | nvfp4 | mxfp8 | bf16 over f32 |\n|---|---:|---:|---:|---:|---:|",
+        "\nGEMMs on the training shapes (reported), GFLOP/s and fraction of the instruction's measured peak (f32: FP32 FMA; the others: the BF16 unit their GEMM runs on, AMX-BF16 or else `vdpbf16ps` where present, else FP32 FMA), 1 / 2 threads; the NVFP4 and MXFP8 GEMMs include quantizing their f32 operands. Peaks here: FP32 FMA {} / {}, `vdpbf16ps` {} / {}, AMX-BF16 {} / {} GFLOP/s.\n\n| shape (M x N x K) | f32 | bf16 | nvfp4 | mxfp8 | bf16 over f32 |\n|---|---:|---:|---:|---:|---:|",
         dash0(peak("fp32_fma", 1)),
         dash0(peak("fp32_fma", 2)),
         dash0(peak("bf16_dot", 1)),
