@@ -8,11 +8,11 @@
 //! the same bits as its portable twin (each crate's tests compare them), so the choice
 //! changes speed only.
 //!
-//! The same switch covers the AVX-512 BF16 dot-product instruction (`vdpbf16ps`, used by the
-//! peak probe) and the AMX-BF16 tile unit (`quant`'s BF16 GEMM): [`has_avx512_bf16`] and
+//! The same switch covers the two BF16 units of `quant`'s BF16 GEMM, the AVX-512 BF16
+//! dot-product instruction (`vdpbf16ps`) and the AMX-BF16 tile unit: [`has_avx512_bf16`] and
 //! [`has_amx_bf16`]. AMX also needs the kernel's permission to use the tile state, requested
 //! once per process here (`arch_prctl(ARCH_REQ_XCOMP_PERM)` on Linux); without it the answer
-//! is `false`. The AMX GEMM computes the same bits as its portable twin too.
+//! is `false`. Each BF16 GEMM unit computes the same bits as its portable model too.
 //!
 //! ```
 //! // Whatever the machine, the answer is stable within a process.
