@@ -123,11 +123,16 @@ impl<'a> MatRef<'a> {
         Ok(m.data)
     }
 
+    /// Whether every element of the view lies in `data` (strides whose offsets overflow
+    /// `usize` do not fit: the GEMMs' AVX-512 packing reads through raw pointers).
     pub(crate) fn fits(&self) -> bool {
         if self.rows == 0 || self.cols == 0 {
             return true;
         }
-        let last = (self.rows - 1) * self.row_stride + (self.cols - 1) * self.col_stride;
-        last < self.data.len()
+        let last = (self.rows - 1)
+            .checked_mul(self.row_stride)
+            .zip((self.cols - 1).checked_mul(self.col_stride))
+            .and_then(|(r, c)| r.checked_add(c));
+        last.is_some_and(|last| last < self.data.len())
     }
 }

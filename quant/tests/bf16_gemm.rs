@@ -464,3 +464,27 @@ fn every_operand_layout_packs_the_same_bits() {
         }
     }
 }
+
+/// A view whose strides overflow `usize` does not fit its storage: the GEMM refuses it (the
+/// AVX-512 packing reads through raw pointers, so a wrapped offset must never get there).
+#[test]
+#[should_panic(expected = "exceeds its storage")]
+fn a_view_with_overflowing_strides_is_refused() {
+    let data = [1.0f32; 4];
+    let wild = MatRef {
+        data: &data,
+        rows: 3,
+        cols: 2,
+        row_stride: 1 << (usize::BITS - 1),
+        col_stride: 1,
+    };
+    let mut out = [0.0f32; 6];
+    let b = MatRef::row_major(&data, 2, 2);
+    bf16_gemm_tn(
+        Bf16Arithmetic::Pairs,
+        wild,
+        b,
+        &mut out,
+        &mut Bf16Workspace::new(),
+    );
+}

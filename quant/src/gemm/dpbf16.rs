@@ -6,8 +6,9 @@
 //! tiles as the AMX kernel: an A tile is 16 rows x 16 pair words (row `r`, pair `p` at word
 //! `16 r + p`), so one word broadcast to all lanes is a row's pair; a B tile is 16 pair rows
 //! x 16 columns (pair `p` of column `n` at word `16 p + n`), so one 64-byte line is a pair
-//! of sixteen columns. The workspace's MSRV predates the AVX-512 intrinsics, so the loop is
-//! inline assembly (the assembler evaluates the constant offsets): rsi walks A, rdi and r8 the
+//! of sixteen columns. The loop is inline assembly, like the AMX kernel's, so that the
+//! register blocking (16 accumulators, 2 B lines, 8 broadcasts) and the instruction order are
+//! exactly as written whatever the compiler (the assembler evaluates the constant offsets): rsi walks A, rdi and r8 the
 //! two B tiles, rcx counts the chunks, rdx walks C.
 
 use std::arch::asm;

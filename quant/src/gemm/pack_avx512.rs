@@ -178,7 +178,9 @@ mod tests {
     #[test]
     fn packs_the_scalar_words_for_both_layouts_and_orientations() {
         if !wide_packing() {
-            eprintln!("SKIP: no AVX-512F/BW on this CPU (the scalar packing is what runs)");
+            eprintln!(
+                "SKIP: the AVX-512 packing does not run here (it needs AVX512_BF16, BW and VL, and no NIBBLE_FORCE_PORTABLE); the scalar packing is what runs"
+            );
             return;
         }
         // rows x K with partial tiles and chunks; stored row-major and transposed
