@@ -202,22 +202,21 @@ pub(crate) fn sum_rows(src: &[f32], n: usize, dst: &mut [f32], acc: bool) {
 /// Writes (`acc == false`) or adds (`acc == true`) `v` to `d`.
 #[inline(always)]
 pub(crate) fn store(acc: bool, d: &mut f32, v: f32) {
-    if acc {
-        *d += v;
-    } else {
-        *d = v;
-    }
+    // One unconditional store of a selected value: written as two stores under a branch,
+    // LLVM if-converts element loops into masked loads and stores (`vmaskmovps`), which
+    // AMD cores execute many times slower than plain ones.
+    let old = *d;
+    *d = if acc { old + v } else { v };
 }
 
 /// `*d += v` (`acc`), else `*d = 0 + v`: what a zero-filled gradient that is then added to
 /// holds (`split`'s backward), so fused ops that skip the fill keep its bits (−0 → +0).
 #[inline(always)]
 pub(crate) fn store_over_zero(acc: bool, d: &mut f32, v: f32) {
-    if acc {
-        *d += v;
-    } else {
-        *d = 0.0 + v;
-    }
+    // branch-free for the reason given at `store`: the old value is always read and
+    // masked to +0 when not accumulating (a select on it would become a masked load)
+    let keep = if acc { u32::MAX } else { 0 };
+    *d = f32::from_bits(d.to_bits() & keep) + v;
 }
 
 /// `e^x` (vectorisable; NaN propagates; 0 below −87, saturates at `e^88` above 88).
