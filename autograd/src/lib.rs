@@ -69,6 +69,7 @@ pub struct ReadmeDoctests;
 
 pub use error::{Error, Result};
 pub use graph::{Graph, OpProfile, OpTiming, Tensor};
+pub use ops::attention_products::AttentionProducts;
 pub use ops::attention_qkv::QkvAttention;
 pub use param::{NamedTensor, ParamId, ParamStore};
 pub use quant_state::{gemm_stream, LinearQuantState, OperandRole, MAX_LAYER_STREAM, MAX_STEP};

@@ -63,6 +63,7 @@ on_gpu!(
     attention_within_derived_bounds,
     k::attention_within_derived_bounds
 );
+on_gpu!(bf16_attention_matches_cpu, k::bf16_attention_matches_cpu);
 on_gpu!(bad_input_is_a_typed_error, k::bad_input_is_a_typed_error);
 on_gpu!(tiny_model_graph_step_on_device_matches_cpu, |_| {
     k::tiny_model_graph_step_on_device_matches_cpu(&device())

@@ -89,7 +89,7 @@ def gemm_part(frames):
 
 
 OPS = [
-    ("attention", "attention (head gather with RoPE, sgemm, softmax)"),
+    ("attention", "attention (head gather with RoPE, products, softmax)"),
     ("shape_ops", "shape ops (split, transpose)"),
     ("activation.rs", "activations"),
     ("norm.rs", "norms"),

@@ -10,8 +10,14 @@
 // * nb_attn_bwd_dkdv: one warp per key row, over the query tiles that see it:
 //   dV = P^T dO, dK = scale * dS^T Q.
 //
+// With `bf16` set (BF16 attention, autograd/src/ops/attention_products.rs) every operand of the
+// products is rounded to BF16 as on the CPU: Q, K, V and dO as they are loaded, the
+// probabilities P and the score gradients dS before they multiply. The forward then runs in two
+// passes over the keys, the online softmax for the log-sum-exp first and then
+// o = sum bf16(exp(s - lse)) v, so that it rounds the normalised probabilities as the CPU does.
+//
 // Every sum has a fixed order (lane order, then tile order), so every run gives the same bits.
-// The CPU op (autograd/src/ops/attention.rs) uses quant's blocked sgemm, whose summation order
+// The CPU op (autograd/src/ops/attention.rs) uses quant's blocked GEMMs, whose summation order
 // differs: autograd/tests/cuda_emulated.rs compares within a derived bound, not bit for bit.
 #include "common.cuh"
 
@@ -23,11 +29,15 @@ using namespace nb;
 
 NB_DEV float neg_inf() { return -__uint_as_float(0x7F800000u); }
 
-// Loads rows j0 .. j0 + 31 of a [t, d] matrix into `dst` (row stride `ld`), zeros past t.
-NB_DEV void load_tile32(float* dst, int ld, const float* src, int j0, int t, int d) {
+// x rounded to BF16 when `on` (BF16 attention), else x.
+NB_DEV float op_round(float x, int on) { return on ? round_bf16(x) : x; }
+
+// Loads rows j0 .. j0 + 31 of a [t, d] matrix into `dst` (row stride `ld`), zeros past t,
+// rounded to BF16 when `rnd`.
+NB_DEV void load_tile32(float* dst, int ld, const float* src, int j0, int t, int d, int rnd) {
   for (int e = threadIdx.x; e < AT_KT * d; e += 256) {
     const int jj = e / d, c = e % d, j = j0 + jj;
-    dst[jj * ld + c] = j < t ? src[(u64)j * d + c] : 0.0f;
+    dst[jj * ld + c] = j < t ? op_round(src[(u64)j * d + c], rnd) : 0.0f;
   }
 }
 
@@ -39,7 +49,7 @@ NB_DEV float dot_seq(const float* a, const float* b, int d) {
 }
 
 extern "C" __global__ void __launch_bounds__(256) nb_attn_fwd(const float* q, const float* k, const float* v, int t,
-                                                              int d, float scale, float* o, float* lse) {
+                                                              int d, float scale, int bf16, float* o, float* lse) {
   __shared__ float ks[AT_KT * (AT_DMAX + 1)];
   __shared__ float vs[AT_KT * AT_DMAX];
   __shared__ float qs[AT_ROWS * AT_DMAX];
@@ -47,13 +57,14 @@ extern "C" __global__ void __launch_bounds__(256) nb_attn_fwd(const float* q, co
   const u64 base = (u64)blockIdx.y * t * d;
   const int i = blockIdx.x * AT_ROWS + w;
   const bool active = i < t;
-  for (int c = lane; c < d; c += 32) qs[w * AT_DMAX + c] = active ? q[base + (u64)i * d + c] : 0.0f;
+  for (int c = lane; c < d; c += 32)
+    qs[w * AT_DMAX + c] = active ? op_round(q[base + (u64)i * d + c], bf16) : 0.0f;
   const int last = min((int)blockIdx.x * AT_ROWS + AT_ROWS - 1, t - 1);
   float m = neg_inf(), l = 0.0f, acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
   for (int j0 = 0; j0 <= last; j0 += AT_KT) {
     __syncthreads();
-    load_tile32(ks, AT_DMAX + 1, k + base, j0, t, d);
-    load_tile32(vs, AT_DMAX, v + base, j0, t, d);
+    load_tile32(ks, AT_DMAX + 1, k + base, j0, t, d, bf16);
+    if (!bf16) load_tile32(vs, AT_DMAX, v + base, j0, t, d, 0);
     __syncthreads();
     if (active && j0 <= i) {  // warp-uniform
       const int j = j0 + lane;
@@ -63,6 +74,8 @@ extern "C" __global__ void __launch_bounds__(256) nb_attn_fwd(const float* q, co
       const float p = vis ? cephes_exp(__fsub_rn(s, mn)) : 0.0f;
       const float alpha = cephes_exp(__fsub_rn(m, mn));
       l = __fadd_rn(__fmul_rn(l, alpha), warp_sum(p));
+      m = mn;
+      if (bf16) continue;  // the second pass below multiplies
       const int nvis = min(AT_KT, i - j0 + 1);
 #pragma unroll
       for (int cc = 0; cc < 4; ++cc) acc[cc] = __fmul_rn(acc[cc], alpha);
@@ -74,16 +87,39 @@ extern "C" __global__ void __launch_bounds__(256) nb_attn_fwd(const float* q, co
           if (c < d) acc[cc] = __fadd_rn(acc[cc], __fmul_rn(pj, vs[jj * AT_DMAX + c]));
         }
       }
-      m = mn;
+    }
+  }
+  const float li = __fadd_rn(m, logf(l));
+  if (bf16) {
+    // second pass: o = sum over visible keys of bf16(exp(s - lse)) bf16(v)
+    for (int j0 = 0; j0 <= last; j0 += AT_KT) {
+      __syncthreads();
+      load_tile32(ks, AT_DMAX + 1, k + base, j0, t, d, 1);
+      load_tile32(vs, AT_DMAX, v + base, j0, t, d, 1);
+      __syncthreads();
+      if (active && j0 <= i) {
+        const bool vis = j0 + lane <= i;
+        const float s = __fmul_rn(scale, dot_seq(qs + w * AT_DMAX, ks + lane * (AT_DMAX + 1), d));
+        const float p = vis ? round_bf16(cephes_exp(__fsub_rn(s, li))) : 0.0f;
+        const int nvis = min(AT_KT, i - j0 + 1);
+        for (int jj = 0; jj < nvis; ++jj) {
+          const float pj = __shfl_sync(0xFFFFFFFFu, p, jj);
+#pragma unroll
+          for (int cc = 0; cc < 4; ++cc) {
+            const int c = lane + 32 * cc;
+            if (c < d) acc[cc] = __fadd_rn(acc[cc], __fmul_rn(pj, vs[jj * AT_DMAX + c]));
+          }
+        }
+      }
     }
   }
   if (!active) return;
 #pragma unroll
   for (int cc = 0; cc < 4; ++cc) {
     const int c = lane + 32 * cc;
-    if (c < d) o[base + (u64)i * d + c] = __fdiv_rn(acc[cc], l);
+    if (c < d) o[base + (u64)i * d + c] = bf16 ? acc[cc] : __fdiv_rn(acc[cc], l);
   }
-  if (lane == 0) lse[(u64)blockIdx.y * t + i] = __fadd_rn(m, logf(l));
+  if (lane == 0) lse[(u64)blockIdx.y * t + i] = li;
 }
 
 // delta[r] = dO_r . O_r for every row of [rows, d]; one warp per row.
@@ -101,7 +137,7 @@ extern "C" __global__ void __launch_bounds__(256) nb_attn_delta(const float* dou
 extern "C" __global__ void __launch_bounds__(256) nb_attn_bwd_dq(const float* q, const float* k, const float* v,
                                                                  const float* dout, const float* lse,
                                                                  const float* delta, int t, int d, float scale,
-                                                                 int acc_dq, float* dq) {
+                                                                 int bf16, int acc_dq, float* dq) {
   __shared__ float ks[AT_KT * (AT_DMAX + 1)];
   __shared__ float vs[AT_KT * (AT_DMAX + 1)];
   __shared__ float qs[AT_ROWS * AT_DMAX];
@@ -111,8 +147,8 @@ extern "C" __global__ void __launch_bounds__(256) nb_attn_bwd_dq(const float* q,
   const int i = blockIdx.x * AT_ROWS + w;
   const bool active = i < t;
   for (int c = lane; c < d; c += 32) {
-    qs[w * AT_DMAX + c] = active ? q[base + (u64)i * d + c] : 0.0f;
-    dos[w * AT_DMAX + c] = active ? dout[base + (u64)i * d + c] : 0.0f;
+    qs[w * AT_DMAX + c] = active ? op_round(q[base + (u64)i * d + c], bf16) : 0.0f;
+    dos[w * AT_DMAX + c] = active ? op_round(dout[base + (u64)i * d + c], bf16) : 0.0f;
   }
   const float li = active ? lse[(u64)blockIdx.y * t + i] : 0.0f;
   const float di = active ? delta[(u64)blockIdx.y * t + i] : 0.0f;
@@ -120,8 +156,8 @@ extern "C" __global__ void __launch_bounds__(256) nb_attn_bwd_dq(const float* q,
   float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
   for (int j0 = 0; j0 <= last; j0 += AT_KT) {
     __syncthreads();
-    load_tile32(ks, AT_DMAX + 1, k + base, j0, t, d);
-    load_tile32(vs, AT_DMAX + 1, v + base, j0, t, d);
+    load_tile32(ks, AT_DMAX + 1, k + base, j0, t, d, bf16);
+    load_tile32(vs, AT_DMAX + 1, v + base, j0, t, d, bf16);
     __syncthreads();
     if (active && j0 <= i) {
       const int j = j0 + lane;
@@ -129,7 +165,7 @@ extern "C" __global__ void __launch_bounds__(256) nb_attn_bwd_dq(const float* q,
       const float s = __fmul_rn(scale, dot_seq(qs + w * AT_DMAX, ks + lane * (AT_DMAX + 1), d));
       const float p = vis ? cephes_exp(__fsub_rn(s, li)) : 0.0f;
       const float dp = dot_seq(dos + w * AT_DMAX, vs + lane * (AT_DMAX + 1), d);
-      const float ds = __fmul_rn(p, __fsub_rn(dp, di));
+      const float ds = op_round(__fmul_rn(p, __fsub_rn(dp, di)), bf16);
       const int nvis = min(AT_KT, i - j0 + 1);
       for (int jj = 0; jj < nvis; ++jj) {
         const float dsj = __shfl_sync(0xFFFFFFFFu, ds, jj);
@@ -152,7 +188,8 @@ extern "C" __global__ void __launch_bounds__(256) nb_attn_bwd_dq(const float* q,
 extern "C" __global__ void __launch_bounds__(256) nb_attn_bwd_dkdv(const float* q, const float* k, const float* v,
                                                                    const float* dout, const float* lse,
                                                                    const float* delta, int t, int d, float scale,
-                                                                   int acc_dk, float* dk, int acc_dv, float* dv) {
+                                                                   int bf16, int acc_dk, float* dk, int acc_dv,
+                                                                   float* dv) {
   __shared__ float qs[AT_KT * (AT_DMAX + 1)];
   __shared__ float dos[AT_KT * (AT_DMAX + 1)];
   __shared__ float kw[AT_ROWS * AT_DMAX];
@@ -165,15 +202,15 @@ extern "C" __global__ void __launch_bounds__(256) nb_attn_bwd_dkdv(const float* 
   const int jrow = blockIdx.x * AT_ROWS + w;
   const bool active = jrow < t;
   for (int c = lane; c < d; c += 32) {
-    kw[w * AT_DMAX + c] = active ? k[base + (u64)jrow * d + c] : 0.0f;
-    vw[w * AT_DMAX + c] = active ? v[base + (u64)jrow * d + c] : 0.0f;
+    kw[w * AT_DMAX + c] = active ? op_round(k[base + (u64)jrow * d + c], bf16) : 0.0f;
+    vw[w * AT_DMAX + c] = active ? op_round(v[base + (u64)jrow * d + c], bf16) : 0.0f;
   }
   float ak[4] = {0.0f, 0.0f, 0.0f, 0.0f}, av[4] = {0.0f, 0.0f, 0.0f, 0.0f};
   const int first = (int)blockIdx.x * AT_ROWS / AT_KT * AT_KT;
   for (int i0 = first; i0 < t; i0 += AT_KT) {
     __syncthreads();
-    load_tile32(qs, AT_DMAX + 1, q + base, i0, t, d);
-    load_tile32(dos, AT_DMAX + 1, dout + base, i0, t, d);
+    load_tile32(qs, AT_DMAX + 1, q + base, i0, t, d, bf16);
+    load_tile32(dos, AT_DMAX + 1, dout + base, i0, t, d, bf16);
     if (threadIdx.x < AT_KT) {
       const int i = i0 + threadIdx.x;
       ls[threadIdx.x] = i < t ? lse[sbase + i] : 0.0f;
@@ -186,10 +223,11 @@ extern "C" __global__ void __launch_bounds__(256) nb_attn_bwd_dkdv(const float* 
       const float s = __fmul_rn(scale, dot_seq(qs + lane * (AT_DMAX + 1), kw + w * AT_DMAX, d));
       const float p = vis ? cephes_exp(__fsub_rn(s, ls[lane])) : 0.0f;
       const float dp = dot_seq(dos + lane * (AT_DMAX + 1), vw + w * AT_DMAX, d);
-      const float ds = __fmul_rn(p, __fsub_rn(dp, dls[lane]));
+      const float ds = op_round(__fmul_rn(p, __fsub_rn(dp, dls[lane])), bf16);
+      const float pr = op_round(p, bf16);
       const int lo = max(jrow - i0, 0), hi = min(AT_KT, t - i0);
       for (int ii = lo; ii < hi; ++ii) {
-        const float pi = __shfl_sync(0xFFFFFFFFu, p, ii);
+        const float pi = __shfl_sync(0xFFFFFFFFu, pr, ii);
         const float dsi = __shfl_sync(0xFFFFFFFFu, ds, ii);
 #pragma unroll
         for (int cc = 0; cc < 4; ++cc) {

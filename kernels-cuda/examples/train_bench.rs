@@ -259,7 +259,7 @@ fn run(g: &GpuContext, seqs: usize, rep: &mut Report) -> Result<()> {
     rep.item(
         "attention fwd [192, 1024, 64]",
         time_ms(g, 2, || {
-            g.attention_fwd(&q, &k, &vv, bh, t, hd, &mut o, &mut lse)
+            g.attention_fwd(&q, &k, &vv, bh, t, hd, false, &mut o, &mut lse)
         }),
         4.0 * an,
         fwd_flops,
@@ -282,6 +282,7 @@ fn run(g: &GpuContext, seqs: usize, rep: &mut Report) -> Result<()> {
                 bh,
                 t,
                 hd,
+                false,
                 (false, &mut gq),
                 (false, &mut gk),
                 (false, &mut gv),

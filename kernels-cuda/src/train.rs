@@ -991,7 +991,9 @@ pub trait TrainOps: Launcher {
         unsafe { self.launch("nb_ce_bwd", (self.grid_stride_blocks(rows * v), 1), &args) }
     }
 
-    /// Causal attention forward on `[bh, t, d]` tensors (`d <= 128`): `o` and `lse` (`bh * t`).
+    /// Causal attention forward on `[bh, t, d]` tensors (`d <= 128`): `o` and `lse` (`bh * t`);
+    /// `bf16`: every operand of the products rounded to BF16 (autograd's
+    /// `AttentionProducts::Bf16`).
     #[allow(clippy::too_many_arguments)]
     fn attention_fwd(
         &self,
@@ -1001,6 +1003,7 @@ pub trait TrainOps: Launcher {
         bh: usize,
         t: usize,
         d: usize,
+        bf16: bool,
         o: &mut Self::Buf<f32>,
         lse: &mut Self::Buf<f32>,
     ) -> Result<()> {
@@ -1018,6 +1021,7 @@ pub trait TrainOps: Launcher {
             Arg::I32(i32_of("t", t)?),
             Arg::I32(i32_of("d", d)?),
             Arg::F32(scale),
+            Arg::I32(bf16 as i32),
             Arg::Ptr(self.ptr(o)),
             Arg::Ptr(self.ptr(lse)),
         ];
@@ -1025,7 +1029,8 @@ pub trait TrainOps: Launcher {
         unsafe { self.launch("nb_attn_fwd", grid, &args) }
     }
 
-    /// Causal attention backward: `dq`, `dk`, `dv` written or accumulated.
+    /// Causal attention backward: `dq`, `dk`, `dv` written or accumulated; `bf16` as in
+    /// [`Self::attention_fwd`].
     #[allow(clippy::too_many_arguments)]
     fn attention_bwd(
         &self,
@@ -1038,6 +1043,7 @@ pub trait TrainOps: Launcher {
         bh: usize,
         t: usize,
         d: usize,
+        bf16: bool,
         dq: (bool, &mut Self::Buf<f32>),
         dk: (bool, &mut Self::Buf<f32>),
         dv: (bool, &mut Self::Buf<f32>),
@@ -1085,6 +1091,7 @@ pub trait TrainOps: Launcher {
             Arg::I32(ti),
             Arg::I32(di),
             Arg::F32(scale),
+            Arg::I32(bf16 as i32),
         ];
         let mut a = common.to_vec();
         a.extend([Arg::I32(dq.0 as i32), Arg::Ptr(self.ptr(dq.1))]);

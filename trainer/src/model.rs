@@ -7,14 +7,15 @@
 //! progress), and its random-stream id from [`layer_stream`]: `8·block + kind` inside blocks
 //! and `8·n_layers` for the LM head, so every (block, kind) pair draws its own random bits.
 //! With [`AttentionPrecision::Bf16`], Q, K and V are rounded to BF16 (straight-through
-//! gradient) before the attention matmuls, which then see BF16 inputs and accumulate in FP32.
+//! gradient) before attention, and inside it every other operand of its matrix products too
+//! (P, dO, dS: [`AttentionProducts::Bf16`]), which accumulate in FP32 on the BF16 GEMM.
 //!
 //! Parameter names (what checkpoints store): `embed.weight`, `blocks.{i}.attn_norm.weight`,
 //! `blocks.{i}.attn.qkv.weight`, `blocks.{i}.attn.out.weight`, `blocks.{i}.mlp_norm.weight`,
 //! `blocks.{i}.mlp.up.weight` (SwiGLU: gate and up rows stacked, `[2·hidden, d]`),
 //! `blocks.{i}.mlp.down.weight`, `final_norm.weight`, `lm_head.weight` (untied only).
 
-use autograd::{init, Graph, ParamId, ParamStore, QkvAttention, Tensor};
+use autograd::{init, AttentionProducts, Graph, ParamId, ParamStore, QkvAttention, Tensor};
 use quant::GemmPolicy;
 use serde::{Deserialize, Serialize};
 
@@ -573,6 +574,11 @@ impl Gpt {
         let mut x = g.embedding(tokens, &[batch, t], e)?;
         let d = cfg.d_model;
         let bf16_attn = attention == AttentionPrecision::Bf16;
+        let products = if bf16_attn {
+            AttentionProducts::Bf16
+        } else {
+            AttentionProducts::F32
+        };
         for (i, b) in self.blocks.iter().enumerate() {
             let w = g.param(b.attn_norm)?;
             let h = g.rmsnorm(x, w, cfg.norm_eps)?;
@@ -594,10 +600,10 @@ impl Gpt {
                 cache.write(i, &g.to_vec(k)?, &g.to_vec(v)?, t);
             }
             let a = if past == 0 {
-                g.causal_attention(q, k, v)?
+                g.causal_attention_with(q, k, v, products)?
             } else {
                 let (kc, vc) = cache.layer(i);
-                g.cached_attention(q, kc, vc, cache.capacity(), past)?
+                g.cached_attention_with(q, kc, vc, cache.capacity(), past, products)?
             };
             let a = g.merge_heads(a)?;
             let a = linear(g, a, 4 * i + 1)?;

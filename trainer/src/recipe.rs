@@ -7,7 +7,8 @@
 //! * `overrides`: [`LayerOverride`]s selecting layers by block (the first `n`, the last `n`,
 //!   explicit index ranges) and by [`LayerKind`] (`attn-qkv`, `attn-out`, `mlp-up`,
 //!   `mlp-down`, `lm-head`); later overrides win over earlier ones;
-//! * `attention`: precision of the attention matmuls `QKᵀ` and `PV` ([`AttentionPrecision`]);
+//! * `attention`: precision of the attention matmuls, `QKᵀ` and `PV` and the backward's four
+//!   ([`AttentionPrecision`]);
 //! * `schedule`: an optional [`Schedule`] switching to a target policy after a fraction of the
 //!   training tokens (all GEMMs, or Fprop only).
 //!
@@ -324,11 +325,12 @@ impl fmt::Display for LayerKind {
     }
 }
 
-/// Precision of the attention matmuls (`QKᵀ` and `PV`).
+/// Precision of the attention matmuls (`QKᵀ` and `PV`, and the backward's four).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum AttentionPrecision {
-    /// BF16 inputs, FP32 accumulation.
+    /// BF16 inputs (Q, K, V, the probabilities P, and backward dO and dS), FP32
+    /// accumulation on the BF16 GEMM ([`autograd::AttentionProducts::Bf16`]).
     #[default]
     Bf16,
     /// FP32.

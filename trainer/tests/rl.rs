@@ -273,7 +273,12 @@ fn an_rl_checkpoint_samples_exports_and_starts_another_rl_run() {
     let tmp = tempfile::tempdir().unwrap();
     let from = pretrained(tmp.path(), 256);
     let plan = Plan::builtin("bf16").unwrap();
-    let cfg = common::tiny_rl_config(2, 2);
+    // 16 prompts x 4 completions a step: enough that some group has both a solved and an
+    // unsolved completion (all-equal rewards have no advantage, so no update)
+    let cfg = RlConfig {
+        prompts: 16,
+        ..common::tiny_rl_config(2, 2)
+    };
     let out = tmp.path().join("rl");
     let mut run = RlRun::new(cfg.clone(), plan.clone(), &from, &out, quiet()).unwrap();
     let summary = run.run().unwrap();

@@ -4,6 +4,7 @@ use quant::gemm::{sgemm, MatRef};
 
 use super::{Act, AdamWCoeffs, Backend, BackendError, NormKind, Out, Result};
 use crate::cpu::{sigmoid, store, sum_rows};
+use crate::ops::attention_products::AttentionProducts;
 use crate::ops::{
     activation, attention, cross_entropy, elementwise, embedding, norm, reduce, rope, shape_ops,
 };
@@ -465,6 +466,7 @@ impl Backend for CpuBackend {
         bh: usize,
         t: usize,
         d: usize,
+        products: AttentionProducts,
         o: &mut Vec<f32>,
         lse: &mut Vec<f32>,
     ) -> Result<()> {
@@ -478,7 +480,7 @@ impl Backend for CpuBackend {
             check("attention", what, len, n)?;
         }
         check("attention", "lse", lse.len(), bh * t)?;
-        attention::cpu::forward(q, k, v, t, d, o, lse);
+        attention::cpu::forward(q, k, v, t, d, products, o, lse);
         Ok(())
     }
 
@@ -490,6 +492,7 @@ impl Backend for CpuBackend {
         bh: usize,
         t: usize,
         d: usize,
+        products: AttentionProducts,
         dq: Out<'_, Vec<f32>>,
         dk: Out<'_, Vec<f32>>,
         dv: Out<'_, Vec<f32>>,
@@ -511,7 +514,7 @@ impl Backend for CpuBackend {
         let beta = |acc: bool| if acc { 1.0 } else { 0.0 };
         let betas = [beta(dq.0), beta(dk.0), beta(dv.0)];
         let x = [&qkvo[0][..], &qkvo[1][..], &qkvo[2][..], &qkvo[3][..]];
-        attention::cpu::backward(x, lse, dout, t, d, [dq.1, dk.1, dv.1], betas);
+        attention::cpu::backward(x, lse, dout, t, d, products, [dq.1, dk.1, dv.1], betas);
         Ok(())
     }
 

@@ -8,6 +8,7 @@ use kernels_cuda::{probe, Gpu, GpuContext};
 
 use super::{Act, AdamWCoeffs, Backend, BackendError, NormKind, Out, Result};
 use crate::cpu::{rows_per_task, PAR_MIN};
+use crate::AttentionProducts;
 
 /// The training kernels on a device `L` (a `GpuContext`, or `&Emu`).
 #[derive(Debug)]
@@ -411,10 +412,12 @@ impl<L: Launcher> Backend for KernelBackend<L> {
         bh: usize,
         t: usize,
         d: usize,
+        products: AttentionProducts,
         o: &mut Self::Buf,
         lse: &mut Self::Buf,
     ) -> Result<()> {
-        Ok(self.dev.attention_fwd(q, k, v, bh, t, d, o, lse)?)
+        let bf16 = products == AttentionProducts::Bf16;
+        Ok(self.dev.attention_fwd(q, k, v, bh, t, d, bf16, o, lse)?)
     }
 
     fn attention_bwd(
@@ -425,14 +428,16 @@ impl<L: Launcher> Backend for KernelBackend<L> {
         bh: usize,
         t: usize,
         d: usize,
+        products: AttentionProducts,
         dq: Out<'_, Self::Buf>,
         dk: Out<'_, Self::Buf>,
         dv: Out<'_, Self::Buf>,
     ) -> Result<()> {
         let [q, k, v, o] = qkvo;
+        let bf16 = products == AttentionProducts::Bf16;
         Ok(self
             .dev
-            .attention_bwd(q, k, v, o, lse, dout, bh, t, d, dq, dk, dv)?)
+            .attention_bwd(q, k, v, o, lse, dout, bh, t, d, bf16, dq, dk, dv)?)
     }
 
     fn gemm(

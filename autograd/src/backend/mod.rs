@@ -36,6 +36,8 @@ pub use cpu::CpuBackend;
 pub use device::{DeviceBackend, DeviceBuf, DeviceLauncher, PoolStats};
 pub use error::BackendError;
 pub use kernels::{CudaBackend, KernelBackend};
+
+use crate::AttentionProducts;
 pub use kernels_cuda::train::AdamWCoeffs;
 pub use optimizer::DeviceMoments;
 
@@ -222,7 +224,8 @@ pub trait Backend {
         dy: &Self::Buf,
         dx: Out<'_, Self::Buf>,
     ) -> Result<()>;
-    /// [`crate::Graph::causal_attention`] forward on `[bh, t, d]`: `o` and `lse` (`bh · t`).
+    /// [`crate::Graph::causal_attention_with`] forward on `[bh, t, d]`: `o` and `lse`
+    /// (`bh · t`), the products in the arithmetic `products`.
     #[allow(clippy::too_many_arguments)]
     fn attention_fwd(
         &self,
@@ -232,10 +235,11 @@ pub trait Backend {
         bh: usize,
         t: usize,
         d: usize,
+        products: AttentionProducts,
         o: &mut Self::Buf,
         lse: &mut Self::Buf,
     ) -> Result<()>;
-    /// Causal attention backward.
+    /// Causal attention backward, the products in the arithmetic `products`.
     #[allow(clippy::too_many_arguments)]
     fn attention_bwd(
         &self,
@@ -245,6 +249,7 @@ pub trait Backend {
         bh: usize,
         t: usize,
         d: usize,
+        products: AttentionProducts,
         dq: Out<'_, Self::Buf>,
         dk: Out<'_, Self::Buf>,
         dv: Out<'_, Self::Buf>,

@@ -2,7 +2,8 @@
 //!
 //! Per (batch, head) and per block of `BQ` queries, the forward pass computes the score strip
 //! `S = QKᵀ/√D` over the keys the block can see (causal: key `j ≤ t`), a numerically stable
-//! softmax row by row, and `O = P V`; both products go through `quant::gemm::sgemm`. Only
+//! softmax row by row, and `O = P V`; the products run in the arithmetic the caller picks
+//! ([`AttentionProducts`]: the f32 GEMM, or BF16 operands on the BF16 GEMM). Only
 //! one `BQ × T` strip per worker exists at a time (never the `T × T` matrix), and only the
 //! per-row log-sum-exp is saved for backward, which recomputes `P` strip by strip
 //! (FlashAttention's recipe):
@@ -14,8 +15,10 @@
 //! Heads run in parallel; the blocks of one head run in a fixed order, so results are
 //! deterministic on any number of threads.
 
-use quant::gemm::{sgemm, MatRef};
+use quant::gemm::MatRef;
 use rayon::prelude::*;
+
+use super::attention_products::{AttentionProducts, Multiplier};
 
 use crate::cpu::{dot, exp, max, simd, sum};
 use crate::error::shape_err;
@@ -56,6 +59,32 @@ impl Graph<'_> {
     /// # Ok::<(), autograd::Error>(())
     /// ```
     pub fn causal_attention(&mut self, q: Tensor, k: Tensor, v: Tensor) -> Result<Tensor> {
+        self.causal_attention_with(q, k, v, AttentionProducts::F32)
+    }
+
+    /// [`Graph::causal_attention`] with its matrix products in the arithmetic `products`
+    /// ([`AttentionProducts`]: FP32, or every operand rounded to BF16 with FP32 accumulation
+    /// on the BF16 GEMM). On a device the attention kernel rounds the same operands and sums
+    /// in its own fixed order.
+    ///
+    /// ```
+    /// use autograd::{AttentionProducts, Graph, ParamStore};
+    /// let mut ps = ParamStore::new();
+    /// let mut g = Graph::new(&mut ps);
+    /// // values 1 + 2^-10 are not BF16: they round to 1
+    /// let q = g.input(&[1.0, 1.0], &[1, 1, 2, 1])?;
+    /// let v = g.input(&[1.0 + 1.0 / 1024.0, 3.0], &[1, 1, 2, 1])?;
+    /// let o = g.causal_attention_with(q, q, v, AttentionProducts::Bf16)?;
+    /// assert_eq!(g.value(o)?, &[1.0, 2.0]);
+    /// # Ok::<(), autograd::Error>(())
+    /// ```
+    pub fn causal_attention_with(
+        &mut self,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        products: AttentionProducts,
+    ) -> Result<Tensor> {
         let (sq, sk, sv) = (self.shape(q)?, self.shape(k)?, self.shape(v)?);
         if sq.rank() != 4 || sk != sq || sv != sq {
             return shape_err(
@@ -66,7 +95,7 @@ impl Graph<'_> {
         let (t, d) = (sq.dims()[2], sq.dims()[3]);
         let bh = sq.dims()[0] * sq.dims()[1];
         if self.dev.is_some() {
-            return self.dev_attention([q, k, v], sq, bh, t, d);
+            return self.dev_attention([q, k, v], sq, (bh, t, d), products);
         }
         let mut out = self.alloc(sq.numel());
         let mut lse = vec![0.0f32; bh * t];
@@ -77,6 +106,7 @@ impl Graph<'_> {
             vals.get(v),
             t,
             d,
+            products,
             out.as_mut_slice(),
             &mut lse,
         );
@@ -95,6 +125,7 @@ impl Graph<'_> {
                     dy,
                     t,
                     d,
+                    products,
                     [gq.slice(), gk.slice(), gv.slice()],
                     betas,
                 );
@@ -117,12 +148,14 @@ pub(crate) mod cpu {
     use super::*;
 
     /// Forward over all heads; writes `out` and the per-row log-sum-exp `lse`.
+    #[allow(clippy::too_many_arguments)]
     pub(crate) fn forward(
         q: &[f32],
         k: &[f32],
         v: &[f32],
         t: usize,
         d: usize,
+        products: AttentionProducts,
         out: &mut [f32],
         lse: &mut [f32],
     ) {
@@ -134,12 +167,12 @@ pub(crate) mod cpu {
             .zip(lse.par_chunks_mut(t))
             .enumerate()
             .for_each_init(
-                || vec![0.0f32; BQ.min(t) * t],
-                |s, (h, (o, l))| {
+                || (vec![0.0f32; BQ.min(t) * t], Multiplier::new(products)),
+                |(s, mul), (h, (o, l))| {
                     let m = |x| head_view(x, h, t, d);
                     simd(
                         #[inline(always)]
-                        || head_forward([m(q), m(k), m(v)], t, d, o, l, s),
+                        || head_forward([m(q), m(k), m(v)], t, d, o, l, s, mul),
                     );
                 },
             );
@@ -181,7 +214,8 @@ pub(crate) mod cpu {
 
     /// One head's forward: `x = [q, k, v]`, each a `[T, D]` view with column stride 1 (any
     /// row stride: the GEMM packs its operands, so the layout does not change the bits);
-    /// writes the contiguous `[T, D]` output `o` and the row log-sum-exps `lse`.
+    /// writes the contiguous `[T, D]` output `o` and the row log-sum-exps `lse`; `mul`
+    /// multiplies.
     #[inline(always)]
     pub(crate) fn head_forward(
         x: [MatRef<'_>; 3],
@@ -190,6 +224,7 @@ pub(crate) mod cpu {
         o: &mut [f32],
         lse: &mut [f32],
         s: &mut [f32],
+        mul: &mut Multiplier,
     ) {
         let [q, k, v] = x;
         let scale = 1.0 / (d as f32).sqrt();
@@ -197,23 +232,25 @@ pub(crate) mod cpu {
             let r1 = (qb + BQ).min(t);
             let (bq, kv) = (r1 - qb, r1);
             let s = &mut s[..bq * kv];
-            sgemm(scale, rows(q, qb, r1), rows(k, 0, kv).t(), 0.0, s);
+            mul.mul(scale, rows(q, qb, r1), rows(k, 0, kv).t(), 0.0, s);
             for (i, row) in s.chunks_exact_mut(kv).enumerate() {
                 lse[qb + i] = softmax_row(row, qb + i + 1);
             }
             let p = MatRef::row_major(s, bq, kv);
-            sgemm(1.0, p, rows(v, 0, kv), 0.0, &mut o[qb * d..r1 * d]);
+            mul.mul(1.0, p, rows(v, 0, kv), 0.0, &mut o[qb * d..r1 * d]);
         }
     }
 
     /// Backward over all heads. `x = [q, k, v, o]`; `g = [dq, dk, dv]` written with GEMM
     /// `betas` (0: overwrite a fresh buffer, 1: accumulate).
+    #[allow(clippy::too_many_arguments)]
     pub(crate) fn backward(
         x: [&[f32]; 4],
         lse: &[f32],
         dout: &[f32],
         t: usize,
         d: usize,
+        products: AttentionProducts,
         g: [&mut [f32]; 3],
         betas: [f32; 3],
     ) {
@@ -227,8 +264,13 @@ pub(crate) mod cpu {
             .zip(dv.par_chunks_mut(hd))
             .enumerate()
             .for_each_init(
-                || vec![0.0f32; 2 * BQ.min(t) * t + t],
-                |scr, (h, ((dq, dk), dv))| {
+                || {
+                    (
+                        vec![0.0f32; 2 * BQ.min(t) * t + t],
+                        Multiplier::new(products),
+                    )
+                },
+                |(scr, mul), (h, ((dq, dk), dv))| {
                     let r = h * hd..(h + 1) * hd;
                     let m = |x| head_view(x, h, t, d);
                     let (lse, dout, o) = (&lse[h * t..(h + 1) * t], &dout[r.clone()], &x[3][r]);
@@ -241,7 +283,7 @@ pub(crate) mod cpu {
                             }
                             let dom = MatRef::row_major(dout, t, d);
                             let views = [m(x[0]), m(x[1]), m(x[2]), dom];
-                            head_backward(views, lse, delta, t, d, [dq, dk, dv], betas, scr)
+                            head_backward(views, lse, delta, t, d, [dq, dk, dv], betas, scr, mul)
                         },
                     );
                 },
@@ -250,7 +292,7 @@ pub(crate) mod cpu {
 
     /// One head's backward: `x = [q, k, v, dO]` as `[T, D]` views (column stride 1),
     /// `delta[i] = dO_i · O_i`; writes `g = [dq, dk, dv]` (contiguous `[T, D]`) with GEMM
-    /// `betas`; `scr` holds two `min(BQ, T) × T` strips.
+    /// `betas`; `scr` holds two `min(BQ, T) × T` strips; `mul` multiplies.
     #[allow(clippy::too_many_arguments)]
     #[inline(always)]
     pub(crate) fn head_backward(
@@ -262,6 +304,7 @@ pub(crate) mod cpu {
         g: [&mut [f32]; 3],
         betas: [f32; 3],
         scr: &mut [f32],
+        mul: &mut Multiplier,
     ) {
         let [q, k, v, dout] = x;
         let [dq, dk, dv] = g;
@@ -286,7 +329,7 @@ pub(crate) mod cpu {
             let vm = rows(v, 0, kv);
             let dom = rows(dout, qb, r1);
             // P = exp(S - lse), masked
-            sgemm(scale, qm, km.t(), 0.0, s);
+            mul.mul(scale, qm, km.t(), 0.0, s);
             for (i, row) in s.chunks_exact_mut(kv).enumerate() {
                 let (vis, masked) = row.split_at_mut(qb + i + 1);
                 let l = lse[qb + i];
@@ -296,8 +339,8 @@ pub(crate) mod cpu {
                 masked.fill(0.0);
             }
             let pm = MatRef::row_major(s, bq, kv);
-            sgemm(1.0, pm.t(), dom, bv, &mut dv[..kv * d]);
-            sgemm(1.0, dom, vm.t(), 0.0, dp);
+            mul.mul(1.0, pm.t(), dom, bv, &mut dv[..kv * d]);
+            mul.mul(1.0, dom, vm.t(), 0.0, dp);
             for (i, (dpr, pr)) in dp.chunks_exact_mut(kv).zip(s.chunks_exact(kv)).enumerate() {
                 let dl = delta[qb + i];
                 for (x, &p) in dpr.iter_mut().zip(pr) {
@@ -305,8 +348,8 @@ pub(crate) mod cpu {
                 }
             }
             let dsm = MatRef::row_major(dp, bq, kv);
-            sgemm(scale, dsm, km, betas[0], &mut dq[qb * d..r1 * d]);
-            sgemm(scale, dsm.t(), qm, bk, &mut dk[..kv * d]);
+            mul.mul(scale, dsm, km, betas[0], &mut dq[qb * d..r1 * d]);
+            mul.mul(scale, dsm.t(), qm, bk, &mut dk[..kv * d]);
         }
     }
 }
@@ -391,6 +434,114 @@ mod tests {
             let (q, k, v) = (g.param(q)?, g.param(k)?, g.param(v)?);
             g.causal_attention(q, k, v)
         });
+    }
+
+    /// BF16 products: forward and gradients within BF16 error of the f64 attention of the
+    /// same inputs (each product's operands carry a relative rounding of at most 2⁻⁹), yet not
+    /// the FP32 result (P, dO and dS are rounded too, not only Q, K and V); the same bits on
+    /// one and two threads.
+    #[test]
+    fn bf16_products_are_close_to_exact_attention() {
+        use crate::AttentionProducts;
+        let (b, h, t, d) = (1, 2, 80, 16);
+        let n = b * h * t * d;
+        let (qv, kv, vv, wv) = (
+            init::normal(n, 1.0, 11),
+            init::normal(n, 1.0, 12),
+            init::normal(n, 1.0, 13),
+            init::normal(n, 1.0, 14),
+        );
+        let run = |products| {
+            let mut ps = ParamStore::new();
+            let mut g = Graph::new(&mut ps);
+            let sh = [b, h, t, d];
+            let q = g.variable(&qv, &sh).unwrap();
+            let k = g.variable(&kv, &sh).unwrap();
+            let v = g.variable(&vv, &sh).unwrap();
+            let w = g.input(&wv, &sh).unwrap();
+            let o = g.causal_attention_with(q, k, v, products).unwrap();
+            let l = g.mul(o, w).unwrap();
+            let l = g.sum(l).unwrap();
+            g.backward(l).unwrap();
+            let mut out = vec![g.to_vec(o).unwrap()];
+            out.extend([q, k, v].map(|x| g.grad(x).unwrap().unwrap().to_vec()));
+            out
+        };
+        let exact = exact_attention(&qv, &kv, &vv, &wv, b * h, t, d);
+        let (f32s, bf16s) = (run(AttentionProducts::F32), run(AttentionProducts::Bf16));
+        for (i, name) in ["O", "dQ", "dK", "dV"].iter().enumerate() {
+            let scale = exact[i].iter().fold(0.0f64, |m, x| m.max(x.abs()));
+            let err = |y: &[f32]| {
+                y.iter()
+                    .zip(&exact[i])
+                    .fold(0.0f64, |m, (&a, &e)| m.max((a as f64 - e).abs()))
+                    / scale
+            };
+            let (ef, eb) = (err(&f32s[i]), err(&bf16s[i]));
+            eprintln!("{name}: relative error FP32 {ef:.2e}, BF16 {eb:.2e}");
+            assert!(ef < 1e-5, "{name}: FP32 relative error {ef:.2e}");
+            assert!(
+                eb < 3e-2 && eb > 10.0 * ef,
+                "{name}: BF16 relative error {eb:.2e} (FP32 {ef:.2e})"
+            );
+        }
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(1)
+            .build()
+            .unwrap();
+        let one = pool.install(|| run(AttentionProducts::Bf16));
+        let bits = |v: &Vec<Vec<f32>>| -> Vec<Vec<u32>> {
+            v.iter()
+                .map(|x| x.iter().map(|y| y.to_bits()).collect())
+                .collect()
+        };
+        assert_eq!(bits(&one), bits(&bf16s));
+    }
+
+    /// `O` and the gradients of `Σ O ⊙ W` for `[bh, T, D]` inputs, in f64.
+    fn exact_attention(
+        q: &[f32],
+        k: &[f32],
+        v: &[f32],
+        w: &[f32],
+        bh: usize,
+        t: usize,
+        d: usize,
+    ) -> [Vec<f64>; 4] {
+        let f = |x: &[f32]| x.iter().map(|&y| y as f64).collect::<Vec<f64>>();
+        let (q, k, v, w) = (f(q), f(k), f(v), f(w));
+        let n = bh * t * d;
+        let (mut o, mut dq, mut dk, mut dv) =
+            (vec![0.0; n], vec![0.0; n], vec![0.0; n], vec![0.0; n]);
+        let sc = 1.0 / (d as f64).sqrt();
+        for h in 0..bh {
+            let at = |x: &[f64], i: usize, c: usize| x[(h * t + i) * d + c];
+            for i in 0..t {
+                let s: Vec<f64> = (0..=i)
+                    .map(|j| (0..d).map(|c| at(&q, i, c) * at(&k, j, c)).sum::<f64>() * sc)
+                    .collect();
+                let m = s.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+                let z: f64 = s.iter().map(|x| (x - m).exp()).sum();
+                let p: Vec<f64> = s.iter().map(|x| (x - m).exp() / z).collect();
+                let r = (h * t + i) * d;
+                for c in 0..d {
+                    o[r + c] = (0..=i).map(|j| p[j] * at(&v, j, c)).sum();
+                }
+                // dO = W; dP_j = dO · V_j; dS_j = P_j (dP_j - dO · O)
+                let delta: f64 = (0..d).map(|c| w[r + c] * o[r + c]).sum();
+                for (j, &pj) in p.iter().enumerate() {
+                    let dp: f64 = (0..d).map(|c| w[r + c] * at(&v, j, c)).sum();
+                    let ds = pj * (dp - delta) * sc;
+                    let rj = (h * t + j) * d;
+                    for c in 0..d {
+                        dv[rj + c] += pj * w[r + c];
+                        dq[r + c] += ds * at(&k, j, c);
+                        dk[rj + c] += ds * at(&q, i, c);
+                    }
+                }
+            }
+        }
+        [o, dq, dk, dv]
     }
 
     #[test]

@@ -3,18 +3,23 @@
 //!
 //! A query at absolute position `p` sees keys `0..=p`. Each query row is computed on its own
 //! with the arithmetic of [`Graph::causal_attention`]'s forward: the score row
-//! `S = q Kᵀ/√D` over exactly the `p + 1` visible keys through `quant::gemm::sgemm`, the same
-//! softmax row kernel (max, the crate's `exp`, fixed-lane sum), then `O = P V` through
-//! `sgemm`. The full forward computes the same row inside a block of up to 64 queries whose
-//! score strip is wider than `p + 1`; the extra entries are masked to exactly 0, so as long as
-//! each GEMM output element does not depend on the number of rows or on zero products
-//! appended to its reduction, the cached row equals the full recomputation bit for bit
-//! (`trainer`'s `rl_sampler` tests check it end to end).
+//! `S = q Kᵀ/√D` over exactly the `p + 1` visible keys, the same softmax row kernel (max, the
+//! crate's `exp`, fixed-lane sum), then `O = P V`, both products in the same arithmetic
+//! ([`AttentionProducts`]). The full forward computes the same row inside a block of up to
+//! 64 queries whose score strip is wider than `p + 1`; the extra entries are masked to
+//! exactly 0, so as long as each GEMM output element does not depend on the number of rows
+//! or on zero products appended to its reduction, the cached row equals the full
+//! recomputation bit for bit (`trainer`'s `rl_sampler` tests check it end to end). Both
+//! arithmetics have that property: a running FP32 sum to which `±0` products are added keeps
+//! its value, and the BF16 units flush subnormal sums whether or not zeros follow; only an
+//! output whose every visible product is `−0` could come out `−0` in one and `+0` in the
+//! other.
 
-use quant::gemm::{sgemm, MatRef};
+use quant::gemm::MatRef;
 use rayon::prelude::*;
 
 use super::attention::cpu::softmax_row;
+use super::attention_products::{AttentionProducts, Multiplier};
 use crate::cpu::simd;
 use crate::error::shape_err;
 use crate::{Graph, Result, Shape, Tensor};
@@ -43,6 +48,20 @@ impl Graph<'_> {
         cap: usize,
         past: usize,
     ) -> Result<Tensor> {
+        self.cached_attention_with(q, k_cache, v_cache, cap, past, AttentionProducts::F32)
+    }
+
+    /// [`Graph::cached_attention`] with its products in the arithmetic `products`, that of
+    /// [`Graph::causal_attention_with`].
+    pub fn cached_attention_with(
+        &mut self,
+        q: Tensor,
+        k_cache: &[f32],
+        v_cache: &[f32],
+        cap: usize,
+        past: usize,
+        products: AttentionProducts,
+    ) -> Result<Tensor> {
         let sq = self.shape(q)?;
         if sq.rank() != 4 {
             return shape_err(
@@ -69,7 +88,15 @@ impl Graph<'_> {
         if self.dev.is_some() {
             let shape = Shape::new(sq.dims())?;
             let dims = (bh, tn, d);
-            return self.dev_cached_attention(q, (k_cache, v_cache), cap, past, dims, shape);
+            return self.dev_cached_attention(
+                q,
+                (k_cache, v_cache),
+                cap,
+                past,
+                dims,
+                shape,
+                products,
+            );
         }
         let mut out = self.alloc(sq.numel());
         let qv = self.values().get(q);
@@ -78,14 +105,14 @@ impl Graph<'_> {
                 .par_chunks_mut(tn * d)
                 .enumerate()
                 .for_each_init(
-                    || vec![0.0f32; past + tn],
-                    |s, (h, o)| {
+                    || (vec![0.0f32; past + tn], Multiplier::new(products)),
+                    |(s, mul), (h, o)| {
                         let kv_h = h * cap * d..(h + 1) * cap * d;
                         let (k, v) = (&k_cache[kv_h.clone()], &v_cache[kv_h]);
                         let qh = &qv[h * tn * d..(h + 1) * tn * d];
                         simd(
                             #[inline(always)]
-                            || head(qh, k, v, past, tn, d, o, s),
+                            || head(qh, k, v, past, tn, d, o, s, mul),
                         );
                     },
                 );
@@ -105,12 +132,13 @@ fn head(
     d: usize,
     o: &mut [f32],
     s: &mut [f32],
+    mul: &mut Multiplier,
 ) {
     let scale = 1.0 / (d as f32).sqrt();
     for i in 0..tn {
         let kv = past + i + 1;
         let s = &mut s[..kv];
-        sgemm(
+        mul.mul(
             scale,
             MatRef::row_major(&q[i * d..(i + 1) * d], 1, d),
             MatRef::row_major(&k[..kv * d], kv, d).t(),
@@ -118,7 +146,7 @@ fn head(
             s,
         );
         softmax_row(s, kv);
-        sgemm(
+        mul.mul(
             1.0,
             MatRef::row_major(s, 1, kv),
             MatRef::row_major(&v[..kv * d], kv, d),
@@ -130,7 +158,7 @@ fn head(
 
 #[cfg(test)]
 mod tests {
-    use crate::{Graph, ParamStore};
+    use crate::{AttentionProducts, Graph, ParamStore};
 
     fn pseudo(n: usize, seed: u32) -> Vec<f32> {
         (0..n)
@@ -142,9 +170,15 @@ mod tests {
     }
 
     /// Every query row of the full causal attention equals the cached computation of that row
-    /// alone, bit for bit (also across the 64-query block boundary).
+    /// alone, bit for bit (also across the 64-query block boundary), in both arithmetics.
     #[test]
     fn cached_rows_equal_full_attention() {
+        for products in [AttentionProducts::F32, AttentionProducts::Bf16] {
+            cached_rows_equal_full_attention_with(products);
+        }
+    }
+
+    fn cached_rows_equal_full_attention_with(products: AttentionProducts) {
         let (b, h, t, d) = (2, 3, 70, 8);
         let n = b * h * t * d;
         let (q, k, v) = (pseudo(n, 1), pseudo(n, 2), pseudo(n, 3));
@@ -155,14 +189,14 @@ mod tests {
             g.input(&k, &[b, h, t, d]).unwrap(),
             g.input(&v, &[b, h, t, d]).unwrap(),
         );
-        let full = g.causal_attention(qt, kt, vt).unwrap();
+        let full = g.causal_attention_with(qt, kt, vt, products).unwrap();
         let full = g.to_vec(full).unwrap();
         for p in [0, 1, 5, 63, 64, 69] {
             let qp: Vec<f32> = (0..b * h)
                 .flat_map(|bh| q[(bh * t + p) * d..(bh * t + p + 1) * d].to_vec())
                 .collect();
             let qp = g.input(&qp, &[b, h, 1, d]).unwrap();
-            let o = g.cached_attention(qp, &k, &v, t, p).unwrap();
+            let o = g.cached_attention_with(qp, &k, &v, t, p, products).unwrap();
             let o = g.value(o).unwrap();
             for bh in 0..b * h {
                 let want = &full[(bh * t + p) * d..(bh * t + p + 1) * d];
@@ -171,7 +205,7 @@ mod tests {
                     want.iter().map(|x| x.to_bits()).collect(),
                     got.iter().map(|x| x.to_bits()).collect(),
                 );
-                assert_eq!(w, gb, "row {p} head {bh}");
+                assert_eq!(w, gb, "{products:?}: row {p} head {bh}");
             }
         }
     }

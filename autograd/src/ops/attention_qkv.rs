@@ -17,6 +17,7 @@ use rayon::prelude::*;
 
 use super::attention::cpu::{head_backward, head_forward, head_view};
 use super::attention::BQ;
+use super::attention_products::{AttentionProducts, Multiplier};
 use super::rope::cpu::rotate;
 use crate::cpu::{dot, simd, store_over_zero};
 use crate::error::{arg_err, shape_err};
@@ -30,8 +31,9 @@ pub struct QkvAttention {
     pub heads: usize,
     /// RoPE frequency base for Q and K (positions `0..T`; finite and > 1).
     pub rope_base: f32,
-    /// Round Q, K and V to BF16 after RoPE (straight-through gradient), so the attention
-    /// products see BF16 operands with FP32 accumulation.
+    /// BF16 attention ([`AttentionProducts::Bf16`]): Q, K and V rounded to BF16 after RoPE
+    /// (straight-through gradient), and so are P, dO and dS inside; the products accumulate
+    /// in FP32 on the BF16 GEMM (on a device: in the attention kernel's order).
     pub round_bf16: bool,
 }
 
@@ -84,6 +86,7 @@ impl Graph<'_> {
         let (mut qh, mut kh, mut vh) = (self.alloc(n), self.alloc(n), self.alloc(n));
         let mut out = self.alloc(n);
         let mut lse = vec![0.0f32; b * h * t];
+        let products = AttentionProducts::bf16_if(spec.round_bf16);
         cpu::forward(
             self.values().get(qkv),
             &tab,
@@ -108,6 +111,7 @@ impl Graph<'_> {
                         dy,
                         &tab,
                         dims,
+                        products,
                         acc,
                         g.slice(),
                     );
@@ -139,7 +143,8 @@ impl Graph<'_> {
             k = self.round_bf16(k)?;
             v = self.round_bf16(v)?;
         }
-        let a = self.causal_attention(q, k, v)?;
+        let products = AttentionProducts::bf16_if(spec.round_bf16);
+        let a = self.causal_attention_with(q, k, v, products)?;
         self.merge_heads(a)
     }
 }
@@ -163,7 +168,8 @@ pub(crate) mod cpu {
     }
 
     /// Forward: fills the per-head `heads = [Q, K, V]` buffers (`[B, H, T, D]`, Q and K
-    /// rotated, all rounded when `round`), `out: [B, T, C]` and `lse: [B, H, T]`.
+    /// rotated, all rounded when `round`, which also selects BF16 products), `out: [B, T, C]`
+    /// and `lse: [B, H, T]`.
     pub(crate) fn forward(
         qkv: &[f32],
         tab: &[f32],
@@ -186,8 +192,11 @@ pub(crate) mod cpu {
             .zip(lse.par_chunks_mut(h * t))
             .enumerate()
             .for_each_init(
-                || vec![0.0f32; BQ.min(t) * t + hd],
-                |scr, (bi, ((((o, qb), kb), vb), l))| {
+                || {
+                    let products = AttentionProducts::bf16_if(round);
+                    (vec![0.0f32; BQ.min(t) * t + hd], Multiplier::new(products))
+                },
+                |(scr, mul), (bi, ((((o, qb), kb), vb), l))| {
                     let x = &qkv[bi * t * 3 * c..(bi + 1) * t * 3 * c];
                     simd(
                         #[inline(always)]
@@ -200,7 +209,7 @@ pub(crate) mod cpu {
                                 gather(x, tab, dims, hi, round, [q, k, v]);
                                 let l = &mut l[hi * t..(hi + 1) * t];
                                 let views = [&*q, &*k, &*v].map(|y| MatRef::row_major(y, t, d));
-                                head_forward(views, t, d, oh, l, s);
+                                head_forward(views, t, d, oh, l, s, mul);
                                 for (i, row) in oh.chunks_exact(d).enumerate() {
                                     o[i * c + hi * d..i * c + (hi + 1) * d].copy_from_slice(row);
                                 }
@@ -240,12 +249,14 @@ pub(crate) mod cpu {
 
     /// Backward: `x = [Q, K, V, O]` (the per-head buffers and the `[B, T, C]` output),
     /// `dout: [B, T, C]`; writes (`acc`: adds) `dqkv: [B, T, 3·C]`.
+    #[allow(clippy::too_many_arguments)]
     pub(crate) fn backward(
         x: [&[f32]; 4],
         lse: &[f32],
         dout: &[f32],
         tab: &[f32],
         dims: Dims,
+        products: AttentionProducts,
         acc: bool,
         dqkv: &mut [f32],
     ) {
@@ -256,8 +267,11 @@ pub(crate) mod cpu {
         }
         let [qa, ka, va, oa] = x;
         dqkv.par_chunks_mut(t * 3 * c).enumerate().for_each_init(
-            || vec![0.0f32; 2 * BQ.min(t) * t + t + 3 * hd],
-            |scr, (bi, g)| {
+            || {
+                let scr = vec![0.0f32; 2 * BQ.min(t) * t + t + 3 * hd];
+                (scr, Multiplier::new(products))
+            },
+            |(scr, mul), (bi, g)| {
                 let tc = bi * t * c..(bi + 1) * t * c;
                 let (dy, o) = (&dout[tc.clone()], &oa[tc]);
                 simd(
@@ -282,7 +296,7 @@ pub(crate) mod cpu {
                             let l = &lse[(bi * h + hi) * t..(bi * h + hi + 1) * t];
                             let views = [m(qa), m(ka), m(va), dom];
                             let gs = [&mut *dq, &mut *dk, &mut *dv];
-                            head_backward(views, l, delta, t, d, gs, [0.0; 3], scr);
+                            head_backward(views, l, delta, t, d, gs, [0.0; 3], scr, mul);
                             scatter(g, tab, dims, hi, acc, [dq, dk, dv]);
                         }
                     },

@@ -4,6 +4,7 @@
 pub mod activation;
 pub mod attention;
 pub mod attention_cached;
+pub mod attention_products;
 pub mod attention_qkv;
 pub mod cross_entropy;
 pub(crate) mod device;

@@ -9,7 +9,7 @@
 //! `autograd/tests/kernel_checks`); no gradient, as on the CPU.
 
 use crate::backend::Backend;
-use crate::{Graph, Result, Shape, Tensor};
+use crate::{AttentionProducts, Graph, Result, Shape, Tensor};
 
 impl Graph<'_> {
     /// `q: [B, H, Tn, D]` at positions `past..` against `[B·H, cap, D]` caches (shapes
@@ -23,6 +23,7 @@ impl Graph<'_> {
         past: usize,
         (bh, tn, d): (usize, usize, usize),
         shape: Shape,
+        products: AttentionProducts,
     ) -> Result<Tensor> {
         let be = self.be()?;
         let mut out = be.zeros(bh * tn * d)?;
@@ -44,7 +45,7 @@ impl Graph<'_> {
                 &mut qt,
             )?;
             let (mut o, mut lse) = (be.zeros(bh * t * d)?, be.zeros(bh * t)?);
-            be.attention_fwd(&qt, &k, &v, bh, t, d, &mut o, &mut lse)?;
+            be.attention_fwd(&qt, &k, &v, bh, t, d, products, &mut o, &mut lse)?;
             be.columns(&o, t * d, past * d, tn * d, false, &mut out)?;
         }
         Ok(self.push_dev("cached_attention", out, shape, None))

@@ -3,7 +3,7 @@
 
 use super::{dev_backward, DevGrad};
 use crate::backend::{rope_table, Act, Backend, NormKind};
-use crate::{Graph, Result, Shape, Tensor};
+use crate::{AttentionProducts, Graph, Result, Shape, Tensor};
 
 impl Graph<'_> {
     /// GELU / SiLU.
@@ -186,16 +186,15 @@ impl Graph<'_> {
         &mut self,
         [q, k, v]: [Tensor; 3],
         s: Shape,
-        bh: usize,
-        t: usize,
-        d: usize,
+        (bh, t, d): (usize, usize, usize),
+        products: AttentionProducts,
     ) -> Result<Tensor> {
         let be = self.be()?;
         let mut o = be.zeros(s.numel())?;
         let mut lse = be.zeros(bh * t)?;
         let vals = self.values();
         let (qv, kv, vv) = (vals.dev(q)?, vals.dev(k)?, vals.dev(v)?);
-        be.attention_fwd(qv, kv, vv, bh, t, d, &mut o, &mut lse)?;
+        be.attention_fwd(qv, kv, vv, bh, t, d, products, &mut o, &mut lse)?;
         let me = self.next_tensor();
         let bw = self.needs_grad(&[q, k, v]).then(|| {
             dev_backward(move |ctx, dy| {
@@ -205,8 +204,9 @@ impl Graph<'_> {
                 let (xk, mut gk) = take_or_scratch(ctx, k, n)?;
                 let (xv, mut gv) = take_or_scratch(ctx, v, n)?;
                 let qkvo = [ctx.val(q)?, ctx.val(k)?, ctx.val(v)?, ctx.val(me)?];
+                let (oq, ok, ov) = (gq.out(), gk.out(), gv.out());
                 ctx.be
-                    .attention_bwd(qkvo, &lse, dy, bh, t, d, gq.out(), gk.out(), gv.out())?;
+                    .attention_bwd(qkvo, &lse, dy, bh, t, d, products, oq, ok, ov)?;
                 put_all(
                     ctx,
                     [
