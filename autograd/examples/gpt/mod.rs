@@ -86,7 +86,9 @@ impl Block {
         let spec = QkvAttention {
             heads: cfg.n_heads,
             rope_base: cfg.rope_base,
-            round_bf16: false,
+            // BF16 attention under every low-precision policy, as the trainer's recipes and
+            // torch's BF16 autocast run it
+            round_bf16: *policy != GemmPolicy::FP32,
         };
         let a = g.qkv_attention(qkv, spec)?;
         let w = g.param(self.proj)?;
