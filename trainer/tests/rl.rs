@@ -38,7 +38,7 @@ fn pretrained(dir: &Path, vocab: usize) -> PathBuf {
             vocab_size: vocab as u32,
         }
     };
-    cfg.train.steps = if vocab == 256 { 600 } else { 6 };
+    cfg.train.steps = if vocab == 256 { 1000 } else { 6 };
     cfg.train.lr = 3e-3;
     cfg.train.warmup_steps = 2;
     cfg.train.eval_every = cfg.train.steps;
