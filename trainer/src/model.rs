@@ -574,11 +574,7 @@ impl Gpt {
         let mut x = g.embedding(tokens, &[batch, t], e)?;
         let d = cfg.d_model;
         let bf16_attn = attention == AttentionPrecision::Bf16;
-        let products = if bf16_attn {
-            AttentionProducts::Bf16
-        } else {
-            AttentionProducts::F32
-        };
+        let products = AttentionProducts::bf16_if(bf16_attn);
         for (i, b) in self.blocks.iter().enumerate() {
             let w = g.param(b.attn_norm)?;
             let h = g.rmsnorm(x, w, cfg.norm_eps)?;

@@ -31,7 +31,12 @@ pub enum AttentionProducts {
 
 impl AttentionProducts {
     /// `Bf16` when `bf16`, else `F32`.
-    pub(crate) fn bf16_if(bf16: bool) -> Self {
+    ///
+    /// ```
+    /// use autograd::AttentionProducts;
+    /// assert_eq!(AttentionProducts::bf16_if(true), AttentionProducts::Bf16);
+    /// ```
+    pub fn bf16_if(bf16: bool) -> Self {
         if bf16 {
             Self::Bf16
         } else {
@@ -83,6 +88,13 @@ impl Multiplier {
 impl Bf16Scratch {
     #[inline(always)]
     fn mul(&mut self, alpha: f32, a: MatRef<'_>, b: MatRef<'_>, beta: f32, c: &mut [f32]) {
+        if !quantized_gemm_rounds_inputs() {
+            // no BF16 unit: the f32 GEMM on rounded copies, alpha and beta included
+            let a = rounded_copy(a, &mut self.a);
+            let b = rounded_copy(b, &mut self.b);
+            sgemm(alpha, a, b, beta, c);
+            return;
+        }
         let direct = alpha == 1.0 && beta == 0.0;
         let mut product = std::mem::take(&mut self.product);
         let out: &mut [f32] = if direct {
@@ -91,13 +103,7 @@ impl Bf16Scratch {
             product.resize(c.len(), 0.0);
             &mut product
         };
-        if quantized_gemm_rounds_inputs() {
-            quantized_gemm_tn(a, b.t(), out, &mut self.ws);
-        } else {
-            let a = rounded_copy(a, &mut self.a);
-            let b = rounded_copy(b, &mut self.b);
-            sgemm(1.0, a, b, 0.0, out);
-        }
+        quantized_gemm_tn(a, b.t(), out, &mut self.ws);
         if !direct {
             if beta == 0.0 {
                 for (c, &p) in c.iter_mut().zip(&product) {
@@ -139,7 +145,8 @@ mod tests {
 
     /// Each BF16 product equals an f64 sum of the rounded operands' products within the
     /// bound of K sequential FP32 roundings (`K · u · Σ|a b|`, u = 2⁻²⁴), for transposed
-    /// views, alpha, and both betas; the f32 multiplier stays exactly `sgemm`.
+    /// views, alpha, and both betas, and bit for bit the machine's arithmetic on the rounded
+    /// operands; the f32 multiplier stays exactly `sgemm`.
     #[test]
     fn bf16_products_are_products_of_rounded_operands() {
         let (m, k, n) = (5, 37, 7);
@@ -173,6 +180,34 @@ mod tests {
                     );
                 }
             }
+            // bit for bit: on a BF16 unit its arithmetic's scalar reference (which rounds its
+            // inputs) then the f32 epilogue; elsewhere the f32 GEMM on rounded copies
+            let mut exact = c0.clone();
+            match quant::gemm::bf16::quantized_gemm_arithmetic() {
+                Some(arith) => {
+                    for i in 0..m {
+                        for j in 0..n {
+                            let p = arith.dot_reference(&a[i * k..][..k], &bt[j * k..][..k]);
+                            let e = &mut exact[i * n + j];
+                            *e = if beta == 0.0 {
+                                alpha * p
+                            } else {
+                                alpha * p + beta * *e
+                            };
+                        }
+                    }
+                }
+                None => {
+                    let (ra, rbt): (Vec<f32>, Vec<f32>) = (
+                        a.iter().map(|&x| r(x)).collect(),
+                        bt.iter().map(|&x| r(x)).collect(),
+                    );
+                    let (rav, rbv) = (MatRef::row_major(&ra, m, k), MatRef::row_major(&rbt, n, k));
+                    sgemm(alpha, rav, rbv.t(), beta, &mut exact);
+                }
+            }
+            let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<u32>>();
+            assert_eq!(bits(&c), bits(&exact), "alpha {alpha}, beta {beta}");
             let mut f = c0.clone();
             let mut g = c0.clone();
             Multiplier::new(AttentionProducts::F32).mul(alpha, av, bv, beta, &mut f);
