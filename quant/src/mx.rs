@@ -83,6 +83,8 @@ use crate::{MatRef, QuantError, QuantizedTensor, RngKey};
 /// `fl(4/3)`: the per-tensor factor of the 3/4-prescaled stochastic variant.
 pub const PRESCALE_INV: f32 = 4.0 / 3.0;
 
+#[cfg(target_arch = "x86_64")]
+mod avx512;
 mod fast;
 
 /// Resolved settings of one MX quantization.

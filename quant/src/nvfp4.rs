@@ -687,6 +687,8 @@ macro_rules! avx2_dispatch {
 // The fused fake-quantization path (after the macro, which it uses) and its AVX2 kernels.
 #[cfg(target_arch = "x86_64")]
 mod avx2;
+#[cfg(target_arch = "x86_64")]
+mod avx512;
 mod fast;
 
 avx2_dispatch!(process_panel_dispatch => process_panel(

@@ -58,6 +58,8 @@ pub(super) trait Out: Copy + Send + Sync {
     const CODES: bool;
     /// The output for one element.
     fn emit<F: Elem>(v: f32, s: f32, sign: u32) -> Self;
+    /// `dst`'s pointer when the output is `f32` values (what the AVX-512 kernels write).
+    fn values_ptr(dst: &mut [Self]) -> Option<*mut f32>;
 }
 
 /// Fake-quantized values: `fl(v · s)` with the sign of the scaled element.
@@ -67,6 +69,10 @@ impl Out for f32 {
     fn emit<F: Elem>(v: f32, s: f32, sign: u32) -> f32 {
         f32::from_bits((v * s).to_bits() | sign)
     }
+    #[inline(always)]
+    fn values_ptr(dst: &mut [f32]) -> Option<*mut f32> {
+        Some(dst.as_mut_ptr())
+    }
 }
 
 /// Element codes (unpacked, one per byte): the magnitude code and the format's sign bit.
@@ -75,6 +81,10 @@ impl Out for u8 {
     #[inline(always)]
     fn emit<F: Elem>(v: f32, _: f32, sign: u32) -> u8 {
         (grid_code::<F>(v) | (sign >> (32 - F::BITS))) as u8
+    }
+    #[inline(always)]
+    fn values_ptr(_: &mut [u8]) -> Option<*mut f32> {
+        None
     }
 }
 
@@ -151,6 +161,13 @@ impl Lanes {
         }
     }
 
+    /// Adds the counts of an AVX-512 kernel.
+    #[cfg(target_arch = "x86_64")]
+    fn merge(&mut self, n: &super::avx512::Counts) {
+        self.clipped[0] += n.clipped as u32;
+        self.bad[0] |= n.bad as u32;
+    }
+
     /// The clipped count and whether any `y` was not finite.
     fn totals(&self) -> (usize, bool) {
         (
@@ -200,6 +217,8 @@ trait Source<T> {
     fn block(&self, dst: &[T], s: usize) -> [f32; BLOCK];
     /// The `e - s < 32` elements at `s .. e`, zero-padded to a block.
     fn partial(&self, dst: &[T], s: usize, e: usize) -> [f32; BLOCK];
+    /// Where element 0 is read from, given the output's values pointer.
+    fn base(&self, dst: *mut f32) -> *const f32;
 }
 
 /// Copies `src` (fewer than 32 elements) into a zero-padded block.
@@ -219,6 +238,10 @@ impl<T> Source<T> for &[f32] {
     fn partial(&self, _: &[T], s: usize, e: usize) -> [f32; BLOCK] {
         pad(&self[s..e])
     }
+    #[inline(always)]
+    fn base(&self, _: *mut f32) -> *const f32 {
+        self.as_ptr()
+    }
 }
 
 /// Reads from the output (in-place quantization of the staged columnwise panel).
@@ -232,6 +255,10 @@ impl Source<f32> for InPlace {
     #[inline(always)]
     fn partial(&self, dst: &[f32], s: usize, e: usize) -> [f32; BLOCK] {
         pad(&dst[s..e])
+    }
+    #[inline(always)]
+    fn base(&self, dst: *mut f32) -> *const f32 {
+        dst
     }
 }
 
@@ -247,6 +274,7 @@ fn panel<F: Elem, S: Source<T>, T: Out>(
     scols: usize,
     dst: &mut [T],
     scales: &mut [u8],
+    portable: bool,
 ) -> PanelStats {
     let pcols = scols.div_ceil(BLOCK) * BLOCK;
     let bpr = pcols / BLOCK;
@@ -257,9 +285,39 @@ fn panel<F: Elem, S: Source<T>, T: Out>(
     };
     let mut l = Lanes::new();
     let mut amax = 0.0f32;
+    // Whole blocks of each row on the AVX-512 kernel where it runs (values output only).
+    #[cfg(target_arch = "x86_64")]
+    let wide = !portable && !T::CODES && super::avx512::available();
+    #[cfg(not(target_arch = "x86_64"))]
+    let wide = {
+        let _ = portable;
+        false
+    };
+    let first_block = if wide { scols / BLOCK } else { 0 };
+    #[cfg(target_arch = "x86_64")]
+    let mut counts = super::avx512::Counts::default();
     for r in 0..n {
         let row = r * scols;
-        for b in 0..bpr {
+        #[cfg(target_arch = "x86_64")]
+        if let Some(d) = T::values_ptr(dst).filter(|_| wide) {
+            assert!(row + first_block * BLOCK <= dst.len());
+            assert!(rbits.is_none_or(|rb| r * pcols + first_block * BLOCK <= rb.len()));
+            // SAFETY: AVX-512F is present (`available`); the row's whole blocks lie inside
+            // `dst` and the source shaped like it (or `dst` itself), and their random bytes
+            // inside `rbits` (asserted).
+            let m = unsafe {
+                super::avx512::row_blocks::<F>(
+                    c,
+                    src.base(d).add(row),
+                    d.add(row),
+                    first_block,
+                    rbits.map(|rb| rb.as_ptr().add(r * pcols)),
+                    &mut counts,
+                )
+            };
+            amax = max(amax, m);
+        }
+        for b in first_block..bpr {
             let c0 = b * BLOCK;
             let s = row + c0;
             let whole = c0 + BLOCK <= scols;
@@ -292,6 +350,8 @@ fn panel<F: Elem, S: Source<T>, T: Out>(
             }
         }
     }
+    #[cfg(target_arch = "x86_64")]
+    l.merge(&counts);
     let (clipped, non_finite) = l.totals();
     PanelStats {
         clipped,
@@ -322,15 +382,14 @@ fn panel_dispatch<F: Elem, S: Source<T>, T: Out>(
             dst: &mut [T],
             scales: &mut [u8],
         ) -> PanelStats {
-            panel::<F, S, T>(c, src, rbits, scols, dst, scales)
+            panel::<F, S, T>(c, src, rbits, scols, dst, scales, false)
         }
         if !portable && fp_formats::cpu::has_avx2() {
             // SAFETY: the running CPU supports AVX2 (the shared dispatch checked).
             return unsafe { avx2::<F, S, T>(c, src, rbits, scols, dst, scales) };
         }
     }
-    let _ = portable;
-    panel::<F, S, T>(c, src, rbits, scols, dst, scales)
+    panel::<F, S, T>(c, src, rbits, scols, dst, scales, portable)
 }
 
 /// One panel of any element format (see [`panel`]).
@@ -491,17 +550,53 @@ fn vertical_panel<F: Elem>(
     r0: usize,
     pcols: usize,
     dst: &mut [f32],
+    portable: bool,
 ) -> PanelStats {
     let n = dst.len() / cols;
     let mut l = Lanes::new();
     let mut amax_all = 0.0f32;
     let mut t = [[0.0f32; LANES]; BLOCK];
+    #[cfg(target_arch = "x86_64")]
+    let wide = !portable && super::avx512::available();
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = portable;
+    #[cfg(target_arch = "x86_64")]
+    let mut counts = super::avx512::Counts::default();
     for rs in (0..n).step_by(BLOCK) {
         let nr = (n - rs).min(BLOCK);
         // The stored block index of this strip.
         let k = ((r0 + rs) / BLOCK) as u64;
         for c0 in (0..cols).step_by(LANES) {
             let nc = (cols - c0).min(LANES);
+            #[cfg(target_arch = "x86_64")]
+            if wide && nr == BLOCK && nc == LANES {
+                let s = rs * cols + c0;
+                let end = s + (BLOCK - 1) * cols + LANES;
+                assert!(end <= src.len() && end <= dst.len());
+                // Lane j's Philox blocks (see the portable loop below) are
+                // ((c0 + j) · pcols + 32 k) / 16 + h, pcols a multiple of 32.
+                let rand = c.sr.map(|key| {
+                    (
+                        key,
+                        ((c0 * pcols) as u64 + 32 * k) / 16,
+                        (pcols / 16) as u64,
+                    )
+                });
+                // SAFETY: AVX-512F is present (`available`); the tile's 32 rows of 16 lie
+                // inside `src` and `dst` (asserted), which are distinct slices.
+                let m = unsafe {
+                    super::avx512::vertical_tile::<F>(
+                        c,
+                        src[s..].as_ptr(),
+                        dst[s..].as_mut_ptr(),
+                        cols,
+                        rand,
+                        &mut counts,
+                    )
+                };
+                amax_all = max(amax_all, m);
+                continue;
+            }
             for (i, row) in t.iter_mut().enumerate() {
                 if i < nr && nc == LANES {
                     let s = (rs + i) * cols + c0;
@@ -567,6 +662,8 @@ fn vertical_panel<F: Elem>(
             }
         }
     }
+    #[cfg(target_arch = "x86_64")]
+    l.merge(&counts);
     let (clipped, non_finite) = l.totals();
     PanelStats {
         clipped,
@@ -607,15 +704,14 @@ fn vertical_dispatch<F: Elem>(
             pcols: usize,
             dst: &mut [f32],
         ) -> PanelStats {
-            vertical_panel::<F>(c, src, cols, r0, pcols, dst)
+            vertical_panel::<F>(c, src, cols, r0, pcols, dst, false)
         }
         if !portable && fp_formats::cpu::has_avx2() {
             // SAFETY: the running CPU supports AVX2 (the shared dispatch checked).
             return unsafe { avx2::<F>(c, src, cols, r0, pcols, dst) };
         }
     }
-    let _ = portable;
-    vertical_panel::<F>(c, src, cols, r0, pcols, dst)
+    vertical_panel::<F>(c, src, cols, r0, pcols, dst, portable)
 }
 
 /// The columnwise fake quantization of a validated configuration without RHT, written in

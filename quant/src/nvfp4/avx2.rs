@@ -283,7 +283,7 @@ unsafe fn stage_strip_impl(
 }
 
 /// The Hadamard staging of a columnwise operand in the source layout: for the 16 input rows
-/// `r0 .. r0 + 16` and columns `0 .. n` (`n` a multiple of 8), `dst[i * ld + c]` receives
+/// `r0 .. r0 + 16` and columns `c0 .. c0 + n` (`n` a multiple of 8), `dst[i * ld + c]` receives
 /// `x[(r0 + i) * ld + c]` transformed along `i` (the arithmetic of [`stage_strip`], including
 /// its NaN flag), without a transpose. Returns the amax of the stored values and whether any
 /// of them (or of the values before rounding) is non-finite.
@@ -297,29 +297,33 @@ pub(super) fn rht_strip(
     n: usize,
     dst: &mut [f32],
     mask: u16,
+    c0: usize,
 ) -> (f32, bool) {
-    assert!(n.is_multiple_of(8) && n <= ld);
+    assert!(n.is_multiple_of(8) && c0 + n <= ld);
     if n == 0 {
         return (0.0, false);
     }
-    assert!((r0 + BLOCK - 1) * ld + n <= x.len(), "rht_strip: input");
-    assert!((BLOCK - 1) * ld + n <= dst.len(), "rht_strip: output");
+    assert!(
+        (r0 + BLOCK - 1) * ld + c0 + n <= x.len(),
+        "rht_strip: input"
+    );
+    assert!((BLOCK - 1) * ld + c0 + n <= dst.len(), "rht_strip: output");
     assert!(std::is_x86_feature_detected!("avx2"));
     // SAFETY: AVX2 is present (asserted) and the bounds were checked just above.
-    unsafe { rht_strip_impl(x, ld, r0, n, dst, mask) }
+    unsafe { rht_strip_impl(x, ld, r0, c0..c0 + n, dst, mask) }
 }
 
-/// [`rht_strip`] after its checks.
+/// [`rht_strip`] after its checks, on the columns `cols`.
 ///
 /// # Safety
-/// The CPU must support AVX2; `(r0 + 15) * ld + n <= x.len()`, `15 * ld + n <= dst.len()`,
-/// `n` a multiple of 8.
+/// The CPU must support AVX2; `(r0 + 15) * ld + cols.end <= x.len()`, `15 * ld + cols.end
+/// <= dst.len()`, the range's length a multiple of 8.
 #[target_feature(enable = "avx2")]
 unsafe fn rht_strip_impl(
     x: &[f32],
     ld: usize,
     r0: usize,
-    n: usize,
+    cols: std::ops::Range<usize>,
     dst: &mut [f32],
     mask: u16,
 ) -> (f32, bool) {
@@ -327,14 +331,14 @@ unsafe fn rht_strip_impl(
     let out = dst.as_mut_ptr();
     let rht = Rht8::new(mask);
     let mut acc = Amax8::new();
-    for c in (0..n).step_by(8) {
-        // SAFETY: (r0 + i) * ld + c + 8 <= (r0 + 15) * ld + n.
+    for c in cols.step_by(8) {
+        // SAFETY: (r0 + i) * ld + c + 8 <= (r0 + 15) * ld + cols.end.
         let mut v: [__m256; BLOCK] =
             core::array::from_fn(|i| unsafe { _mm256_loadu_ps(xp.add((r0 + i) * ld + c)) });
         rht.apply(&mut v, &mut acc.bad);
         for (i, e) in v.iter().enumerate() {
             acc.add(*e);
-            // SAFETY: i * ld + c + 8 <= 15 * ld + n.
+            // SAFETY: i * ld + c + 8 <= 15 * ld + cols.end.
             _mm256_storeu_ps(out.add(i * ld + c), *e);
         }
     }

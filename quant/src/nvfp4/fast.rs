@@ -150,7 +150,7 @@ fn block_amax(x: &[f32; BLOCK]) -> f32 {
 /// `GlobalScale::block_scale` and `GlobalScale::block_encode_factor`, with `min(., FLT_MAX)`
 /// as a comparison (no NaN can occur) so that the loop vectorises across the blocks.
 #[inline(always)]
-fn group_scales(amax: &[f32; BLOCK], g: &GlobalScale) -> ([f32; BLOCK], [f32; BLOCK]) {
+pub(super) fn group_scales(amax: &[f32; BLOCK], g: &GlobalScale) -> ([f32; BLOCK], [f32; BLOCK]) {
     let mut sf = [0.0f32; BLOCK];
     let mut enc = [0.0f32; BLOCK];
     for k in 0..BLOCK {
@@ -240,6 +240,8 @@ trait Source {
     fn block(&self, dst: &[f32], s: usize) -> [f32; BLOCK];
     /// The `e - s <= 16` elements at `s .. e`, zero-padded to a block.
     fn partial(&self, dst: &[f32], s: usize, e: usize) -> [f32; BLOCK];
+    /// Where element 0 is read from, given `dst`'s pointer: the source slice, or `dst`.
+    fn base(&self, dst: *mut f32) -> *const f32;
 }
 
 /// Reads from the slice (the panel's rows, indexed like `dst`).
@@ -253,6 +255,10 @@ impl Source for &[f32] {
         let mut b = [0.0; BLOCK];
         load(&mut b, &self[s..e]);
         b
+    }
+    #[inline(always)]
+    fn base(&self, _: *mut f32) -> *const f32 {
+        self.as_ptr()
     }
 }
 
@@ -269,6 +275,10 @@ impl Source for InPlace {
         let mut b = [0.0; BLOCK];
         load(&mut b, &dst[s..e]);
         b
+    }
+    #[inline(always)]
+    fn base(&self, dst: *mut f32) -> *const f32 {
+        dst
     }
 }
 
@@ -330,12 +340,26 @@ fn fake_panel(dst: &mut [f32], plan: &Plan, src: impl Source, g: &GlobalScale, p
         }
         return;
     }
+    #[cfg(target_arch = "x86_64")]
+    let wide = !plan.portable && super::avx512::available();
     for r in 0..n {
         for b0 in (0..bpr).step_by(BLOCK) {
             let nb = (bpr - b0).min(BLOCK);
             let base = r * cols + b0 * BLOCK;
             let first = ((p0 + r) * bpr + b0) as u64;
             if (b0 + nb) * BLOCK <= cols {
+                #[cfg(target_arch = "x86_64")]
+                if wide {
+                    assert!(base + nb * BLOCK <= dst.len());
+                    let d = dst.as_mut_ptr();
+                    let sr = plan.sr.then_some((plan.key, first));
+                    // SAFETY: AVX-512F is present (`available`); the group's blocks lie
+                    // inside `dst` (asserted) and the source shaped like it (or `dst`).
+                    unsafe {
+                        super::avx512::row_group(src.base(d).add(base), d.add(base), nb, g, sr)
+                    };
+                    continue;
+                }
                 // Whole blocks: amaxes and scales first, then block by block from the source
                 // into `dst`, without an intermediate copy.
                 let mut amax = [0.0f32; BLOCK];
@@ -585,7 +609,7 @@ pub(super) fn fake_quantize_packed(
 /// block `first + l · stride`. Everything is lane-wise: block amaxes, scales, elements.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
-fn fake_vertical(
+pub(super) fn fake_vertical(
     v: &mut Tile,
     tile2d: bool,
     sr: bool,
@@ -636,6 +660,8 @@ fn rht_stage_panel(dst: &mut [f32], plan: &Plan, x: &[f32], r0: usize) -> (f32, 
     let mask = plan.mask.expect("staging needs a Hadamard transform");
     let avx2 = use_avx2(plan);
     let _ = avx2;
+    #[cfg(target_arch = "x86_64")]
+    let wide = !plan.portable && super::avx512::available();
     let mut v: Tile = [[0.0; BLOCK]; BLOCK];
     let mut amax = [0.0f32; BLOCK];
     let mut bad = [false; BLOCK];
@@ -643,11 +669,22 @@ fn rht_stage_panel(dst: &mut [f32], plan: &Plan, x: &[f32], r0: usize) -> (f32, 
         let strip = &mut dst[r * cols..(r + BLOCK) * cols];
         let mut c_start = 0;
         #[cfg(target_arch = "x86_64")]
+        if wide {
+            c_start = cols / BLOCK * BLOCK;
+            let (a, b) = super::avx512::rht_strip(x, cols, r0 + r, c_start, strip, mask);
+            amax[1] = max(amax[1], a);
+            bad[1] |= b;
+        }
+        #[cfg(target_arch = "x86_64")]
         if avx2 {
-            c_start = cols / 8 * 8;
-            let (a, b) = super::avx2::rht_strip(x, cols, r0 + r, c_start, strip, mask);
-            amax[0] = max(amax[0], a);
-            bad[0] |= b;
+            let c8 = cols / 8 * 8;
+            if c8 > c_start {
+                let (a, b) =
+                    super::avx2::rht_strip(x, cols, r0 + r, c8 - c_start, strip, mask, c_start);
+                amax[0] = max(amax[0], a);
+                bad[0] |= b;
+            }
+            c_start = c8;
         }
         for c0 in (c_start..cols).step_by(BLOCK) {
             let nc = (cols - c0).min(BLOCK);
@@ -682,10 +719,31 @@ fn vertical_panel(dst: &mut [f32], plan: &Plan, src: impl Source, g: &GlobalScal
     let n = dst.len() / cols;
     let bpr = plan.blocks_per_row() as u64;
     let mut v: Tile = [[0.0; BLOCK]; BLOCK];
+    #[cfg(target_arch = "x86_64")]
+    let wide = !plan.portable && super::avx512::available();
     for r in (0..n).step_by(BLOCK) {
         let nr = (n - r).min(BLOCK);
         for c0 in (0..cols).step_by(BLOCK) {
             let nc = (cols - c0).min(BLOCK);
+            #[cfg(target_arch = "x86_64")]
+            if wide && nr == BLOCK && nc == BLOCK {
+                let q = super::avx512::Stretch {
+                    tile2d: plan.tile2d,
+                    sr: plan.sr,
+                    g,
+                    key: plan.key,
+                    first: c0 as u64 * bpr + ((r0 + r) / BLOCK) as u64,
+                    stride: bpr,
+                };
+                let s = r * cols + c0;
+                assert!(s + (BLOCK - 1) * cols + BLOCK <= dst.len());
+                let d = dst.as_mut_ptr();
+                // SAFETY: AVX-512F is present (`available`); rows r .. r + 16, columns
+                // c0 .. c0 + 16 lie inside `dst` (asserted) and inside the source, which is
+                // shaped like `dst` (or is `dst`).
+                unsafe { super::avx512::vertical_stretch(src.base(d).add(s), d.add(s), cols, q) };
+                continue;
+            }
             for i in 0..BLOCK {
                 let s = (r + i) * cols + c0;
                 v[i] = if i < nr {

@@ -1,0 +1,235 @@
+//! AVX-512 kernels of the fused MX fake quantization ([`super::fast`]): whole 32-element
+//! blocks of a stored row (rowwise) and whole 32x16 tiles of a columnwise operand in the
+//! source layout, one 16-lane `zmm` row at a time, with the exact IEEE operations of the
+//! portable code (`crate::grid`'s saturating RNE and stochastic rounding, the scale rule of
+//! [`super::MxCast`], no FMA, no reassociation) and its clipped and non-finite counts. Same
+//! bits as the portable and AVX2 builds (tested below against the portable code on edge
+//! data, and by the whole-tensor tests in `mx/tests.rs`).
+//!
+//! The portable code keeps a tile in a stack array that the AVX2 build cannot hold in its
+//! registers; here each row goes from load to store in registers, and the random bytes
+//! come from the 16-lane Philox of [`crate::philox::avx512`].
+
+use std::arch::x86_64::*;
+use std::marker::PhantomData;
+
+use fp_formats::mx::BLOCK;
+
+use super::MxCast;
+use crate::grid::{max, Elem};
+use crate::philox::avx512::words_x16;
+use crate::RngKey;
+
+pub(super) use crate::philox::avx512::available;
+
+/// Lanes of one register row.
+const LANES: usize = 16;
+
+/// The clipped count and non-finite flag of the scaled elements a kernel saw.
+#[derive(Default)]
+pub(super) struct Counts {
+    pub clipped: usize,
+    pub bad: bool,
+}
+
+/// The broadcast constants of `F`'s grid arithmetic.
+struct Grid<F> {
+    abs: __m512i,
+    sign: __m512i,
+    max: __m512,
+    exp: __m512i,
+    min_normal: __m512,
+    magic_shift: __m512i,
+    mant: __m512i,
+    e254: __m512i,
+    inf_bits: __m512i,
+    one: __m512,
+    two23: __m512,
+    c256: __m512,
+    byte: __m512i,
+    _f: PhantomData<F>,
+}
+
+impl<F: Elem> Grid<F> {
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    fn new() -> Self {
+        Grid {
+            abs: _mm512_set1_epi32(0x7FFF_FFFF),
+            sign: _mm512_set1_epi32(0x8000_0000u32 as i32),
+            max: _mm512_set1_ps(F::MAX),
+            exp: _mm512_set1_epi32(0x7F80_0000),
+            min_normal: _mm512_set1_ps(f32::from_bits(F::MIN_NORMAL_BITS)),
+            magic_shift: _mm512_set1_epi32(((23 - F::MANTISSA_BITS) << 23) as i32),
+            mant: _mm512_set1_epi32((F::MANTISSA_BITS << 23) as i32),
+            e254: _mm512_set1_epi32(254 << 23),
+            inf_bits: _mm512_set1_epi32(0x7F80_0000),
+            one: _mm512_set1_ps(1.0),
+            two23: _mm512_set1_ps(8_388_608.0),
+            c256: _mm512_set1_ps(256.0),
+            byte: _mm512_set1_epi32(0xFF),
+            _f: PhantomData,
+        }
+    }
+
+    /// `y = fl(x · mul)` counted into `n` (`|y| > MAX` clipped, `|y|` Inf or NaN bad), and
+    /// `split`'s `(min(|y|, MAX), binade bits of it, y's bits)`.
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    fn scaled(&self, x: __m512, mul: __m512, n: &mut Counts) -> (__m512, __m512i, __m512i) {
+        let y = _mm512_castps_si512(_mm512_mul_ps(x, mul));
+        let ay = _mm512_and_si512(y, self.abs);
+        let ayf = _mm512_castsi512_ps(ay);
+        n.clipped += _mm512_cmp_ps_mask::<_CMP_GT_OQ>(ayf, self.max).count_ones() as usize;
+        n.bad |= _mm512_cmpge_epu32_mask(ay, self.inf_bits) != 0;
+        // `ay < MAX ? ay : MAX` (NaN gives MAX): MINPS returns its second operand unless
+        // the first is smaller.
+        let a = _mm512_min_ps(ayf, self.max);
+        // binade: `max(2^floor(log2 a), 2^emin)` as `x > y ? x : y` (MAXPS).
+        let top = _mm512_castsi512_ps(_mm512_and_si512(_mm512_castps_si512(a), self.exp));
+        let eb = _mm512_castps_si512(_mm512_max_ps(top, self.min_normal));
+        (a, eb, y)
+    }
+
+    /// `fl(v · s)` with the sign of `y` (the `f32` output of `Out::emit`).
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    fn emit(&self, v: __m512, s: __m512, y: __m512i) -> __m512 {
+        let m = _mm512_castps_si512(_mm512_mul_ps(v, s));
+        _mm512_castsi512_ps(_mm512_or_si512(m, _mm512_and_si512(y, self.sign)))
+    }
+
+    /// The fake-quantized `x` with RNE (`grid_rne`).
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    fn rne(&self, x: __m512, mul: __m512, s: __m512, n: &mut Counts) -> __m512 {
+        let (a, eb, y) = self.scaled(x, mul, n);
+        let c = _mm512_castsi512_ps(_mm512_add_epi32(eb, self.magic_shift));
+        self.emit(_mm512_sub_ps(_mm512_add_ps(a, c), c), s, y)
+    }
+
+    /// The fake-quantized `x` with stochastic rounding (`grid_sr`), one random byte per
+    /// lane in `r`.
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    fn sr(&self, x: __m512, mul: __m512, s: __m512, r: __m512i, n: &mut Counts) -> __m512 {
+        let (a, eb, y) = self.scaled(x, mul, n);
+        let step = _mm512_castsi512_ps(_mm512_sub_epi32(eb, self.mant));
+        let inv_step =
+            _mm512_castsi512_ps(_mm512_add_epi32(_mm512_sub_epi32(self.e254, eb), self.mant));
+        let t = _mm512_mul_ps(a, inv_step);
+        let nn = _mm512_sub_ps(_mm512_add_ps(t, self.two23), self.two23);
+        let above = _mm512_cmp_ps_mask::<_CMP_GT_OQ>(nn, t);
+        let fl = _mm512_mask_sub_ps(nn, above, nn, self.one);
+        let frac = _mm512_mul_ps(_mm512_sub_ps(t, fl), self.c256);
+        let threshold = _mm512_sub_ps(self.c256, _mm512_cvtepi32_ps(r));
+        let up = _mm512_cmp_ps_mask::<_CMP_GE_OQ>(frac, threshold);
+        // `fl + 0` is `fl` itself (fl >= +0), so only the rounded-up lanes add.
+        let v = _mm512_mul_ps(_mm512_mask_add_ps(fl, up, fl, self.one), step);
+        self.emit(v, s, y)
+    }
+}
+
+/// The E8M0 scale of a block amax and the multiplier of its elements (`fast::panel`'s).
+#[inline(always)]
+fn block_scale<F: Elem>(c: &MxCast, amax: f32) -> (f32, f32) {
+    let scale = c.rule.scale::<F>(amax);
+    let inv = scale.reciprocal();
+    (if c.prescale { inv * 0.75 } else { inv }, scale.value())
+}
+
+/// Fake-quantizes the `blocks` whole 32-element blocks of one stored row, read at `src` and
+/// written at `dst` (`src` may equal `dst`), the random bytes of block `b` (with stochastic
+/// rounding) at `rbits + 32 b`. Returns the largest block amax.
+///
+/// # Safety
+/// The CPU must support AVX-512F ([`available`]); `src` must be valid for reads and `dst`
+/// for writes of `32 · blocks` `f32` (the same memory or disjoint), `rbits` for reads of
+/// `32 · blocks` bytes.
+#[target_feature(enable = "avx512f")]
+pub(super) unsafe fn row_blocks<F: Elem>(
+    c: &MxCast,
+    src: *const f32,
+    dst: *mut f32,
+    blocks: usize,
+    rbits: Option<*const u8>,
+    n: &mut Counts,
+) -> f32 {
+    let g = Grid::<F>::new();
+    let mut amax = 0.0f32;
+    for b in 0..blocks {
+        let (x0, x1) = (
+            _mm512_loadu_ps(src.add(b * BLOCK)),
+            _mm512_loadu_ps(src.add(b * BLOCK + LANES)),
+        );
+        let m = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(x0), _mm512_abs_ps(x1)));
+        amax = max(amax, m);
+        let (mul, s) = block_scale::<F>(c, m);
+        let (mul, s) = (_mm512_set1_ps(mul), _mm512_set1_ps(s));
+        let (y0, y1) = match rbits {
+            None => (g.rne(x0, mul, s, n), g.rne(x1, mul, s, n)),
+            Some(r) => {
+                let r0 = _mm512_cvtepu8_epi32(_mm_loadu_si128(r.add(b * BLOCK).cast()));
+                let r1 = _mm512_cvtepu8_epi32(_mm_loadu_si128(r.add(b * BLOCK + LANES).cast()));
+                (g.sr(x0, mul, s, r0, n), g.sr(x1, mul, s, r1, n))
+            }
+        };
+        _mm512_storeu_ps(dst.add(b * BLOCK), y0);
+        _mm512_storeu_ps(dst.add(b * BLOCK + LANES), y1);
+    }
+    amax
+}
+
+/// Fake-quantizes one whole 32x16 tile of a columnwise operand in the source layout: row
+/// `i` (16 lanes, one stored block each) read at `src + i · ld` and written at `dst + i ·
+/// ld` (disjoint). With stochastic rounding, `rand = (key, first, stride)`: rows `16 h ..
+/// 16 h + 16` of lane `l` use the bytes of Philox block `first + h + l · stride`. Returns
+/// the largest lane amax.
+///
+/// # Safety
+/// The CPU must support AVX-512F ([`available`]); `src` must be valid for reads and `dst`
+/// for writes of 32 rows of 16 `f32` at stride `ld`, not overlapping.
+#[target_feature(enable = "avx512f")]
+pub(super) unsafe fn vertical_tile<F: Elem>(
+    c: &MxCast,
+    src: *const f32,
+    dst: *mut f32,
+    ld: usize,
+    rand: Option<(RngKey, u64, u64)>,
+    n: &mut Counts,
+) -> f32 {
+    let g = Grid::<F>::new();
+    let mut amax = _mm512_setzero_ps();
+    for i in 0..BLOCK {
+        amax = _mm512_max_ps(amax, _mm512_abs_ps(_mm512_loadu_ps(src.add(i * ld))));
+    }
+    let mut am = [0.0f32; LANES];
+    _mm512_storeu_ps(am.as_mut_ptr(), amax);
+    let (mut mul, mut sv) = ([0.0f32; LANES], [0.0f32; LANES]);
+    for j in 0..LANES {
+        (mul[j], sv[j]) = block_scale::<F>(c, am[j]);
+    }
+    let (mul, s) = (_mm512_loadu_ps(mul.as_ptr()), _mm512_loadu_ps(sv.as_ptr()));
+    match rand {
+        None => {
+            for i in 0..BLOCK {
+                let y = g.rne(_mm512_loadu_ps(src.add(i * ld)), mul, s, n);
+                _mm512_storeu_ps(dst.add(i * ld), y);
+            }
+        }
+        Some((key, first, stride)) => {
+            for h in 0..2 {
+                let words = words_x16(key, first + h as u64, stride);
+                for i in 0..LANES {
+                    let row = LANES * h + i;
+                    // byte i of lane l's block: bits 8 (i % 4) .. of its word i / 4
+                    let sh = _mm512_set1_epi32(8 * (i % 4) as i32);
+                    let r = _mm512_and_si512(_mm512_srlv_epi32(words[i / 4], sh), g.byte);
+                    let y = g.sr(_mm512_loadu_ps(src.add(row * ld)), mul, s, r, n);
+                    _mm512_storeu_ps(dst.add(row * ld), y);
+                }
+            }
+        }
+    }
+    am.iter().fold(0.0f32, |m, &a| max(m, a))
+}

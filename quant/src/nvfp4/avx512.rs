@@ -1,0 +1,398 @@
+//! AVX-512 kernel of the fused fake-quantization path ([`super::fast`]): one whole 16x16
+//! stretch of a columnwise operand in the source layout, held in sixteen `zmm` registers
+//! (one row of 16 stored blocks each), with the exact IEEE operations of the portable
+//! `fast::fake_vertical` (no FMA, no reassociation): lane-wise block amaxes, the shared
+//! `fast::group_scales`, then per element the RNE or stochastic rounding onto the E2M1 grid
+//! times the block scale. Same bits as the portable and AVX2 builds (tested below against
+//! the portable code, and by the whole-tensor path tests in `nvfp4.rs`).
+//!
+//! The portable code keeps the 16x16 stretch in a stack array, which the AVX2 build cannot
+//! hold in its sixteen `ymm` registers (two per row): it spills, and the per-element work
+//! runs at about 4.5 cycles. Here every row stays in a register from load to store.
+
+use std::arch::x86_64::*;
+
+use fp_formats::nvfp4::{GlobalScale, BLOCK};
+
+use super::fast::group_scales;
+use crate::philox::avx512::words_x16;
+use crate::RngKey;
+
+pub(super) use crate::philox::avx512::available;
+
+/// How one stretch is quantized: its blocks' sharing of a scale, its rounding and where its
+/// random bytes come from (lane `l` uses those of block `first + l · stride`).
+#[derive(Clone, Copy)]
+pub(super) struct Stretch<'a> {
+    pub tile2d: bool,
+    pub sr: bool,
+    pub g: &'a GlobalScale,
+    pub key: RngKey,
+    pub first: u64,
+    pub stride: u64,
+}
+
+/// Fake-quantizes the 16x16 stretch whose row `i` (16 lanes = 16 stored blocks) is read at
+/// `src + i · ld` and written at `dst + i · ld` (`src` may equal `dst`): the portable
+/// `fast::fake_vertical` on whole stretches, bit for bit.
+///
+/// # Safety
+/// The CPU must support AVX-512F ([`available`]); `src` must be valid for reads and `dst`
+/// for writes of 16 rows of 16 `f32` at row stride `ld` (they may be the same memory, but
+/// must not otherwise overlap).
+#[target_feature(enable = "avx512f")]
+pub(super) unsafe fn vertical_stretch(src: *const f32, dst: *mut f32, ld: usize, q: Stretch<'_>) {
+    let mut v: [__m512; BLOCK] = core::array::from_fn(|i| _mm512_loadu_ps(src.add(i * ld)));
+    let mut amax = _mm512_setzero_ps();
+    for row in &v {
+        amax = _mm512_max_ps(amax, _mm512_abs_ps(*row));
+    }
+    if q.tile2d {
+        amax = _mm512_set1_ps(_mm512_reduce_max_ps(amax));
+    }
+    let mut am = [0.0f32; BLOCK];
+    _mm512_storeu_ps(am.as_mut_ptr(), amax);
+    let (sf, enc) = group_scales(&am, q.g);
+    let (sf, enc) = (_mm512_loadu_ps(sf.as_ptr()), _mm512_loadu_ps(enc.as_ptr()));
+    let k = Consts::new();
+    if q.sr {
+        let words = words_x16(q.key, q.first, q.stride);
+        let byte = _mm512_set1_epi32(0xFF);
+        for (i, row) in v.iter_mut().enumerate() {
+            // byte i of lane l's block: bits 8 (i % 4) .. of its word i / 4
+            let w = _mm512_srlv_epi32(words[i / 4], _mm512_set1_epi32(8 * (i % 4) as i32));
+            *row = k.fake_sr(*row, enc, sf, _mm512_and_si512(w, byte));
+        }
+    } else {
+        for row in v.iter_mut() {
+            *row = k.fake_rne(*row, enc, sf);
+        }
+    }
+    for (i, row) in v.iter().enumerate() {
+        _mm512_storeu_ps(dst.add(i * ld), *row);
+    }
+}
+
+/// Fake-quantizes `nb <= 16` whole consecutive 16-element blocks of one stored row (one
+/// scale each), read at `src` and written at `dst` (`src` may equal `dst`): the portable
+/// `fast::fake_panel` on a group of whole blocks, bit for bit. With stochastic rounding,
+/// block `k` uses the random bytes of Philox block `first + k`.
+///
+/// # Safety
+/// The CPU must support AVX-512F ([`available`]); `src` must be valid for reads and `dst`
+/// for writes of `16 · nb` `f32` (the same memory or disjoint); `nb <= 16`.
+#[target_feature(enable = "avx512f")]
+pub(super) unsafe fn row_group(
+    src: *const f32,
+    dst: *mut f32,
+    nb: usize,
+    g: &GlobalScale,
+    sr: Option<(RngKey, u64)>,
+) {
+    debug_assert!(nb <= BLOCK);
+    let mut x = [_mm512_setzero_ps(); BLOCK];
+    let mut am = [0.0f32; BLOCK];
+    for k in 0..nb {
+        x[k] = _mm512_loadu_ps(src.add(k * BLOCK));
+        am[k] = _mm512_reduce_max_ps(_mm512_abs_ps(x[k]));
+    }
+    let (sf, enc) = group_scales(&am, g);
+    let c = Consts::new();
+    match sr {
+        None => {
+            for k in 0..nb {
+                let y = c.fake_rne(x[k], _mm512_set1_ps(enc[k]), _mm512_set1_ps(sf[k]));
+                _mm512_storeu_ps(dst.add(k * BLOCK), y);
+            }
+        }
+        Some((key, first)) => {
+            let words = words_x16(key, first, 1);
+            let mut w = [[0u32; BLOCK]; 4];
+            for (d, v) in w.iter_mut().zip(words) {
+                _mm512_storeu_si512(d.as_mut_ptr().cast(), v);
+            }
+            for k in 0..nb {
+                // block k's 16 bytes: its four words, little-endian
+                let bytes = _mm_set_epi32(
+                    w[3][k] as i32,
+                    w[2][k] as i32,
+                    w[1][k] as i32,
+                    w[0][k] as i32,
+                );
+                let r = _mm512_cvtepu8_epi32(bytes);
+                let y = c.fake_sr(x[k], _mm512_set1_ps(enc[k]), _mm512_set1_ps(sf[k]), r);
+                _mm512_storeu_ps(dst.add(k * BLOCK), y);
+            }
+        }
+    }
+}
+
+/// The broadcast constants of the element arithmetic.
+struct Consts {
+    abs: __m512i,
+    sign: __m512i,
+    six: __m512,
+    two: __m512,
+    four: __m512,
+    one: __m512,
+    exp1: __m512i,
+    magic_rne: __m512i,
+    inv_step0: __m512i,
+    step0: __m512i,
+    two23: __m512,
+    c256: __m512,
+}
+
+impl Consts {
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    fn new() -> Consts {
+        Consts {
+            abs: _mm512_set1_epi32(0x7FFF_FFFF),
+            sign: _mm512_set1_epi32(0x8000_0000u32 as i32),
+            six: _mm512_set1_ps(6.0),
+            two: _mm512_set1_ps(2.0),
+            four: _mm512_set1_ps(4.0),
+            one: _mm512_set1_ps(1.0),
+            exp1: _mm512_set1_epi32(1 << 23),
+            magic_rne: _mm512_set1_epi32(0x4A80_0000),
+            inv_step0: _mm512_set1_epi32(0x4000_0000),
+            step0: _mm512_set1_epi32(0x3F00_0000),
+            two23: _mm512_set1_ps(8_388_608.0),
+            c256: _mm512_set1_ps(256.0),
+        }
+    }
+
+    /// `(bits of y = fl(x · enc), a = min(|y|, 6), e << 23)` with `e` the binade of `a` on
+    /// the E2M1 grid (0 below 2, 1 below 4, else 2): `fast::abs_min6` and its comparisons.
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    fn scaled(&self, x: __m512, enc: __m512) -> (__m512i, __m512, __m512i) {
+        let bits = _mm512_castps_si512(_mm512_mul_ps(x, enc));
+        let a = _mm512_castsi512_ps(_mm512_and_si512(bits, self.abs));
+        // `a < 6 ? a : 6`: MINPS returns its second operand unless the first is smaller.
+        let a = _mm512_min_ps(a, self.six);
+        let e = _mm512_setzero_si512();
+        let e = _mm512_mask_add_epi32(
+            e,
+            _mm512_cmp_ps_mask::<_CMP_GE_OQ>(a, self.two),
+            e,
+            self.exp1,
+        );
+        let e = _mm512_mask_add_epi32(
+            e,
+            _mm512_cmp_ps_mask::<_CMP_GE_OQ>(a, self.four),
+            e,
+            self.exp1,
+        );
+        (bits, a, e)
+    }
+
+    /// `fl(v · sf)` with the sign bit of `y` put back.
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    fn finish(&self, v: __m512, sf: __m512, bits: __m512i) -> __m512 {
+        let m = _mm512_castps_si512(_mm512_mul_ps(v, sf));
+        _mm512_castsi512_ps(_mm512_or_si512(m, _mm512_and_si512(bits, self.sign)))
+    }
+
+    /// `fast::fake_rne` on 16 lanes.
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    fn fake_rne(&self, x: __m512, enc: __m512, sf: __m512) -> __m512 {
+        let (bits, a, e) = self.scaled(x, enc);
+        let c = _mm512_castsi512_ps(_mm512_add_epi32(self.magic_rne, e));
+        let v = _mm512_sub_ps(_mm512_add_ps(a, c), c);
+        self.finish(v, sf, bits)
+    }
+
+    /// `fast::fake_sr` on 16 lanes; `r` holds one random byte per lane.
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    fn fake_sr(&self, x: __m512, enc: __m512, sf: __m512, r: __m512i) -> __m512 {
+        let (bits, a, e) = self.scaled(x, enc);
+        let inv_step = _mm512_castsi512_ps(_mm512_sub_epi32(self.inv_step0, e));
+        let step = _mm512_castsi512_ps(_mm512_add_epi32(self.step0, e));
+        let t = _mm512_mul_ps(a, inv_step);
+        let n = _mm512_sub_ps(_mm512_add_ps(t, self.two23), self.two23);
+        let above = _mm512_cmp_ps_mask::<_CMP_GT_OQ>(n, t);
+        let fl = _mm512_mask_sub_ps(n, above, n, self.one);
+        let frac = _mm512_mul_ps(_mm512_sub_ps(t, fl), self.c256);
+        let threshold = _mm512_sub_ps(self.c256, _mm512_cvtepi32_ps(r));
+        let up = _mm512_cmp_ps_mask::<_CMP_GE_OQ>(frac, threshold);
+        // `fl + 0` is `fl` itself here (fl >= +0), so only the rounded-up lanes add.
+        let v = _mm512_mul_ps(_mm512_mask_add_ps(fl, up, fl, self.one), step);
+        self.finish(v, sf, bits)
+    }
+}
+
+/// The Hadamard staging of 16 input rows in the source layout, 16 columns per step: the
+/// AVX2 `rht_strip` (the reference arithmetic of `crate::hadamard`: sign flips, butterflies
+/// with strides 1, 2, 4, 8, `+ 0`, times 0.25, BF16 rounding by the bit trick, a NaN
+/// flagged) on `zmm` registers. For columns `0 .. n` (`n` a multiple of 16), `dst[i · ld +
+/// c]` receives `x[(r0 + i) · ld + c]` transformed along `i`. Returns the amax of the stored
+/// values and whether any of them (or of the values before rounding) is non-finite.
+///
+/// # Panics
+/// If the strip would read outside `x` or write outside `dst`.
+pub(super) fn rht_strip(
+    x: &[f32],
+    ld: usize,
+    r0: usize,
+    n: usize,
+    dst: &mut [f32],
+    mask: u16,
+) -> (f32, bool) {
+    assert!(n.is_multiple_of(BLOCK) && n <= ld);
+    if n == 0 {
+        return (0.0, false);
+    }
+    assert!((r0 + BLOCK - 1) * ld + n <= x.len(), "rht_strip: input");
+    assert!((BLOCK - 1) * ld + n <= dst.len(), "rht_strip: output");
+    assert!(available());
+    // SAFETY: AVX-512F is present (asserted) and the bounds were checked just above.
+    unsafe { rht_strip_impl(x.as_ptr(), ld, r0, n, dst.as_mut_ptr(), mask) }
+}
+
+/// [`rht_strip`] after its checks.
+///
+/// # Safety
+/// The CPU must support AVX-512F; `x` must be valid for reads of `(r0 + 15) · ld + n`
+/// elements, `dst` for writes of `15 · ld + n`; `n` a multiple of 16.
+#[target_feature(enable = "avx512f")]
+unsafe fn rht_strip_impl(
+    x: *const f32,
+    ld: usize,
+    r0: usize,
+    n: usize,
+    dst: *mut f32,
+    mask: u16,
+) -> (f32, bool) {
+    let flips: [__m512i; BLOCK] = core::array::from_fn(|i| {
+        _mm512_set1_epi32(if (mask >> i) & 1 == 1 { i32::MIN } else { 0 })
+    });
+    let quarter = _mm512_set1_ps(0.25);
+    let round_bias = _mm512_set1_epi32(0x7FFF);
+    let one = _mm512_set1_epi32(1);
+    let hi16 = _mm512_set1_epi32(0xFFFF_0000u32 as i32);
+    let abs = _mm512_set1_epi32(0x7FFF_FFFF);
+    let big = _mm512_set1_ps(f32::MAX);
+    let zero = _mm512_setzero_ps();
+    let mut amax = _mm512_setzero_ps();
+    let mut bad: __mmask16 = 0;
+    for c in (0..n).step_by(BLOCK) {
+        // SAFETY: (r0 + i) * ld + c + 16 <= (r0 + 15) * ld + n.
+        let mut v: [__m512; BLOCK] = core::array::from_fn(|i| unsafe {
+            let e = _mm512_loadu_si512(x.add((r0 + i) * ld + c).cast());
+            _mm512_castsi512_ps(_mm512_xor_si512(e, flips[i]))
+        });
+        macro_rules! stage {
+            ($s:literal) => {
+                for j in 0..BLOCK {
+                    if j & $s == 0 {
+                        let (a, b) = (v[j], v[j + $s]);
+                        v[j] = _mm512_add_ps(a, b);
+                        v[j + $s] = _mm512_sub_ps(a, b);
+                    }
+                }
+            };
+        }
+        stage!(1);
+        stage!(2);
+        stage!(4);
+        stage!(8);
+        for (i, e) in v.iter().enumerate() {
+            // `+ 0.0` turns a -0 sum into +0 (`crate::hadamard`, "Sign of zero").
+            let y = _mm512_mul_ps(_mm512_add_ps(*e, zero), quarter);
+            bad |= _mm512_cmp_ps_mask::<_CMP_UNORD_Q>(y, y);
+            let b = _mm512_castps_si512(y);
+            let lsb = _mm512_and_si512(_mm512_srli_epi32::<16>(b), one);
+            let r = _mm512_add_epi32(b, _mm512_add_epi32(round_bias, lsb));
+            let out = _mm512_castsi512_ps(_mm512_and_si512(r, hi16));
+            let a = _mm512_castsi512_ps(_mm512_and_si512(r, _mm512_and_si512(hi16, abs)));
+            amax = _mm512_max_ps(amax, a);
+            bad |= _mm512_cmp_ps_mask::<_CMP_NLE_UQ>(a, big);
+            // SAFETY: i * ld + c + 16 <= 15 * ld + n.
+            _mm512_storeu_ps(dst.add(i * ld + c), out);
+        }
+    }
+    (_mm512_reduce_max_ps(amax), bad != 0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::nvfp4::fast::fake_vertical;
+    use fp_formats::nvfp4::GlobalScale;
+
+    /// Every combination of block sharing and rounding, on data spanning the grid's decision
+    /// points, zeros, tiny and huge values, against the portable code bit for bit.
+    #[test]
+    fn stretch_matches_the_portable_code() {
+        if !available() {
+            eprintln!("skipped: this CPU has no AVX-512F");
+            return;
+        }
+        let key = RngKey { seed: 7, stream: 3 };
+        let mut s = 0x1234_5678_9abc_def0u64;
+        let mut next = || {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            s
+        };
+        for case in 0..400 {
+            let mut t = [[0.0f32; BLOCK]; BLOCK];
+            let scale = [1e-30f32, 1e-3, 1.0, 3.0, 1e4, 1e30][case % 6];
+            for row in t.iter_mut() {
+                for e in row.iter_mut() {
+                    let r = next();
+                    *e = match r % 8 {
+                        0 => 0.0,
+                        1 => -0.0,
+                        2 => [0.25f32, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0, 6.0][(r >> 8) as usize % 8],
+                        _ => ((r >> 11) as f32 / (1u64 << 53) as f32 - 0.5) * 12.0,
+                    } * scale;
+                }
+            }
+            if case % 13 == 0 {
+                t[3] = [0.0; BLOCK]; // a zero row
+                for row in t.iter_mut() {
+                    row[5] = 0.0; // an all-zero block
+                }
+            }
+            let amax = t.iter().flatten().fold(0.0f32, |m, v| m.max(v.abs()));
+            let g = GlobalScale::from_amax(amax);
+            for tile2d in [false, true] {
+                for sr in [false, true] {
+                    let first = next() % 1_000_000;
+                    let stride = 1 + next() % 64;
+                    let mut want = t;
+                    fake_vertical(&mut want, tile2d, sr, &g, key, first, stride);
+                    let mut got = t;
+                    let q = Stretch {
+                        tile2d,
+                        sr,
+                        g: &g,
+                        key,
+                        first,
+                        stride,
+                    };
+                    let p = got.as_mut_ptr().cast::<f32>();
+                    // SAFETY: AVX-512F is present (checked above); 16 rows of 16 at stride 16.
+                    unsafe { vertical_stretch(p, p, BLOCK, q) };
+                    for i in 0..BLOCK {
+                        for l in 0..BLOCK {
+                            assert_eq!(
+                                got[i][l].to_bits(),
+                                want[i][l].to_bits(),
+                                "case {case} tile2d {tile2d} sr {sr} ({i}, {l}): x = {:e}",
+                                t[i][l]
+                            );
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
