@@ -52,7 +52,7 @@ struct Grid<F> {
 
 impl<F: Elem> Grid<F> {
     #[inline]
-    #[target_feature(enable = "avx512f")]
+    #[target_feature(enable = "avx512f,popcnt")]
     fn new() -> Self {
         Grid {
             abs: _mm512_set1_epi32(0x7FFF_FFFF),
@@ -75,7 +75,7 @@ impl<F: Elem> Grid<F> {
     /// `y = fl(x · mul)` counted into `n` (`|y| > MAX` clipped, `|y|` Inf or NaN bad), and
     /// `split`'s `(min(|y|, MAX), binade bits of it, y's bits)`.
     #[inline]
-    #[target_feature(enable = "avx512f")]
+    #[target_feature(enable = "avx512f,popcnt")]
     fn scaled(&self, x: __m512, mul: __m512, n: &mut Counts) -> (__m512, __m512i, __m512i) {
         let y = _mm512_castps_si512(_mm512_mul_ps(x, mul));
         let ay = _mm512_and_si512(y, self.abs);
@@ -93,7 +93,7 @@ impl<F: Elem> Grid<F> {
 
     /// `fl(v · s)` with the sign of `y` (the `f32` output of `Out::emit`).
     #[inline]
-    #[target_feature(enable = "avx512f")]
+    #[target_feature(enable = "avx512f,popcnt")]
     fn emit(&self, v: __m512, s: __m512, y: __m512i) -> __m512 {
         let m = _mm512_castps_si512(_mm512_mul_ps(v, s));
         _mm512_castsi512_ps(_mm512_or_si512(m, _mm512_and_si512(y, self.sign)))
@@ -101,7 +101,7 @@ impl<F: Elem> Grid<F> {
 
     /// The fake-quantized `x` with RNE (`grid_rne`).
     #[inline]
-    #[target_feature(enable = "avx512f")]
+    #[target_feature(enable = "avx512f,popcnt")]
     fn rne(&self, x: __m512, mul: __m512, s: __m512, n: &mut Counts) -> __m512 {
         let (a, eb, y) = self.scaled(x, mul, n);
         let c = _mm512_castsi512_ps(_mm512_add_epi32(eb, self.magic_shift));
@@ -111,7 +111,7 @@ impl<F: Elem> Grid<F> {
     /// The fake-quantized `x` with stochastic rounding (`grid_sr`), one random byte per
     /// lane in `r`.
     #[inline]
-    #[target_feature(enable = "avx512f")]
+    #[target_feature(enable = "avx512f,popcnt")]
     fn sr(&self, x: __m512, mul: __m512, s: __m512, r: __m512i, n: &mut Counts) -> __m512 {
         let (a, eb, y) = self.scaled(x, mul, n);
         let step = _mm512_castsi512_ps(_mm512_sub_epi32(eb, self.mant));
@@ -146,7 +146,7 @@ fn block_scale<F: Elem>(c: &MxCast, amax: f32) -> (f32, f32) {
 /// The CPU must support AVX-512F ([`available`]); `src` must be valid for reads and `dst`
 /// for writes of `32 · blocks` `f32` (the same memory or disjoint), `rbits` for reads of
 /// `32 · blocks` bytes.
-#[target_feature(enable = "avx512f")]
+#[target_feature(enable = "avx512f,popcnt")]
 pub(super) unsafe fn row_blocks<F: Elem>(
     c: &MxCast,
     src: *const f32,
@@ -189,7 +189,7 @@ pub(super) unsafe fn row_blocks<F: Elem>(
 /// # Safety
 /// The CPU must support AVX-512F ([`available`]); `src` must be valid for reads and `dst`
 /// for writes of 32 rows of 16 `f32` at stride `ld`, not overlapping.
-#[target_feature(enable = "avx512f")]
+#[target_feature(enable = "avx512f,popcnt")]
 pub(super) unsafe fn vertical_tile<F: Elem>(
     c: &MxCast,
     src: *const f32,
