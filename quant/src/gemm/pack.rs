@@ -40,7 +40,7 @@ pub(super) fn pack_a(a: MatRef<'_>, kc: usize, row_tiles: usize, buf: &mut Vec<u
         .for_each(|(g, tiles)| {
             #[cfg(target_arch = "x86_64")]
             if wide {
-                // SAFETY: `wide` says the CPU has AVX-512F/BW/VL.
+                // SAFETY: `wide` says the CPU has AVX-512F/BW/VL/DQ and AVX512_BF16.
                 unsafe { pack_tiles_avx512(a, kc, g * group, tiles, (true, false)) };
                 return;
             }
@@ -65,7 +65,7 @@ pub(super) fn pack_b(b: MatRef<'_>, kc: usize, col_tiles: usize, buf: &mut Vec<u
         .for_each(|(g, tiles)| {
             #[cfg(target_arch = "x86_64")]
             if wide {
-                // SAFETY: `wide` says the CPU has AVX-512F/BW/VL.
+                // SAFETY: `wide` says the CPU has AVX-512F/BW/VL/DQ and AVX512_BF16.
                 unsafe { pack_tiles_avx512(b, kc, g * group, tiles, (false, false)) };
                 return;
             }
@@ -260,6 +260,7 @@ pub(super) fn wide_packing() -> bool {
         fp_formats::cpu::has_avx512_bf16()
             && std::is_x86_feature_detected!("avx512bw")
             && std::is_x86_feature_detected!("avx512vl")
+            && std::is_x86_feature_detected!("avx512dq")
     }
     #[cfg(not(target_arch = "x86_64"))]
     false
@@ -398,7 +399,7 @@ fn panel_task<S, P: Fn(usize, &mut [f32]) -> S>(
 fn pack_dispatch(x: MatRef<'_>, kc: usize, tiles: &mut [u32], layout: (bool, bool)) {
     #[cfg(target_arch = "x86_64")]
     if wide_packing() {
-        // SAFETY: `wide_packing` says the CPU has AVX-512F/BW/VL.
+        // SAFETY: `wide_packing` says the CPU has AVX-512F/BW/VL/DQ and AVX512_BF16.
         unsafe { pack_tiles_avx512(x, kc, 0, tiles, layout) };
         return;
     }

@@ -1,9 +1,11 @@
 //! AVX-512 packing of one 16 x 32 tile (see [`super::pack`]) for the two view layouts that
 //! training uses: K contiguous (row-major operands) and rows contiguous (transposed views,
 //! the Wgrad operands and W in Dgrad). Sixteen 32-bit words at a time: f32 values rounded
-//! to BF16 (nearest even, NaN quieted) exactly as [`super::bf16::bf16_bits`], pairs formed
-//! along K, and the 16 x 16 block of pair words transposed in registers when the tile wants
-//! the other orientation. The same words as the scalar packing (the tests compare them).
+//! to BF16 (nearest even, NaN quieted) exactly as [`super::bf16::bf16_bits`] by
+//! `vcvtne2ps2bf16` (32 values per instruction; a line holding an f32 subnormal, which the
+//! instruction reads as zero, takes the bit arithmetic instead), pairs formed along K, and
+//! the 16 x 16 block of pair words transposed in registers when the tile wants the other
+//! orientation. The same words as the scalar packing (the tests compare them).
 
 #[cfg(target_arch = "x86_64")]
 use std::arch::x86_64::*;
@@ -66,6 +68,25 @@ unsafe fn transpose16(r: &mut [__m512i; 16]) {
     }
 }
 
+/// Whether any of the 16 values is an f32 subnormal, which the conversion instruction
+/// would read as zero where [`super::bf16::bf16_bits`] rounds it (to a BF16 subnormal, or
+/// up to the smallest normal).
+#[inline]
+#[target_feature(enable = "avx512f,avx512dq")]
+fn subnormal(x: __m512) -> __mmask16 {
+    _mm512_fpclass_ps_mask::<0x20>(x)
+}
+
+/// The 32 BF16 values of `lo` then `hi` (round to nearest even, NaN quieted), in order:
+/// `vcvtne2ps2bf16`, which equals [`round_high`] on every input but an f32 subnormal (the
+/// callers check for those).
+#[inline]
+#[target_feature(enable = "avx512f,avx512bf16")]
+fn convert(lo: __m512, hi: __m512) -> __m512i {
+    // SAFETY: a plain reinterpretation of 512 bits.
+    unsafe { std::mem::transmute::<__m512bh, __m512i>(_mm512_cvtne2ps_pbh(hi, lo)) }
+}
+
 /// The first `n` of 16 lanes.
 #[inline(always)]
 fn lanes(n: usize) -> __mmask16 {
@@ -81,9 +102,13 @@ fn lanes(n: usize) -> __mmask16 {
 /// rows-contiguous (`row_stride == 1`); returns `false` without writing for other strides.
 /// `i` must name a tile with at least one row of `x`.
 ///
+/// Each line of 32 (or pair of lines of 16) values is converted by one `vcvtne2ps2bf16`
+/// unless it holds an f32 subnormal, which goes through the bit arithmetic of
+/// [`round_high`] instead (the instruction reads such inputs as zero).
+///
 /// # Safety
-/// The CPU must have AVX-512F and AVX-512BW; `x` must fit its storage ([`MatRef::fits`]).
-#[target_feature(enable = "avx512f,avx512bw")]
+/// The CPU must have AVX-512F, BW, DQ and BF16; `x` must fit its storage ([`MatRef::fits`]).
+#[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512bf16")]
 pub(super) unsafe fn pack_tile(
     x: MatRef<'_>,
     i: usize,
@@ -102,15 +127,19 @@ pub(super) unsafe fn pack_tile(
         for (r, wr) in w.iter_mut().enumerate().take(rows_here) {
             // in bounds: the row's first element lies in the view (it fits its storage)
             let p = x.data.as_ptr().add((i * TILE + r) * x.row_stride + k0);
-            let v0 = round_high(_mm512_maskz_loadu_ps(m0, p));
+            let x0 = _mm512_maskz_loadu_ps(m0, p);
             // (no lanes read when the row has at most 16 values left)
-            let v1 = round_high(_mm512_maskz_loadu_ps(m1, p.wrapping_add(16)));
-            // the odd 16-bit halves (the BF16 values) of v0 then v1, in K order
-            let odd = _mm512_set_epi16(
-                63, 61, 59, 57, 55, 53, 51, 49, 47, 45, 43, 41, 39, 37, 35, 33, 31, 29, 27, 25, 23,
-                21, 19, 17, 15, 13, 11, 9, 7, 5, 3, 1,
-            );
-            *wr = _mm512_permutex2var_epi16(v0, odd, v1);
+            let x1 = _mm512_maskz_loadu_ps(m1, p.wrapping_add(16));
+            *wr = if subnormal(x0) | subnormal(x1) == 0 {
+                convert(x0, x1)
+            } else {
+                // the odd 16-bit halves (the BF16 values) of v0 then v1, in K order
+                let odd = _mm512_set_epi16(
+                    63, 61, 59, 57, 55, 53, 51, 49, 47, 45, 43, 41, 39, 37, 35, 33, 31, 29, 27, 25,
+                    23, 21, 19, 17, 15, 13, 11, 9, 7, 5, 3, 1,
+                );
+                _mm512_permutex2var_epi16(round_high(x0), odd, round_high(x1))
+            };
         }
         true
     } else if x.row_stride == 1 {
@@ -119,13 +148,22 @@ pub(super) unsafe fn pack_tile(
             let (lo, hi) = (2 * p, 2 * p + 1);
             // in bounds: line k0 + kk < K starts inside the view; lanes past its rows masked
             let at = |kk: usize| x.data.as_ptr().add((k0 + kk) * x.col_stride + i * TILE);
-            let lo = round_high(_mm512_maskz_loadu_ps(m, at(lo)));
+            let lo = _mm512_maskz_loadu_ps(m, at(lo));
             let hi = if hi < kn {
-                round_high(_mm512_maskz_loadu_ps(m, at(hi)))
+                _mm512_maskz_loadu_ps(m, at(hi))
             } else {
-                _mm512_setzero_si512()
+                _mm512_setzero_ps()
             };
-            *wp = pair_words(lo, hi);
+            *wp = if subnormal(lo) | subnormal(hi) == 0 {
+                // lo's 16 values then hi's, interleaved into pair words
+                let interleave = _mm512_set_epi16(
+                    31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8, 23, 7, 22, 6, 21,
+                    5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0,
+                );
+                _mm512_permutexvar_epi16(interleave, convert(lo, hi))
+            } else {
+                pair_words(round_high(lo), round_high(hi))
+            };
         }
         false
     } else {
@@ -179,13 +217,21 @@ mod tests {
     fn packs_the_scalar_words_for_both_layouts_and_orientations() {
         if !wide_packing() {
             eprintln!(
-                "SKIP: the AVX-512 packing does not run here (it needs AVX512_BF16, BW and VL, and no NIBBLE_FORCE_PORTABLE); the scalar packing is what runs"
+                "SKIP: the AVX-512 packing does not run here (it needs AVX512_BF16, BW, VL and DQ, and no NIBBLE_FORCE_PORTABLE); the scalar packing is what runs"
             );
             return;
         }
-        // rows x K with partial tiles and chunks; stored row-major and transposed
-        for (rows, k) in [(16, 32), (37, 75), (5, 33), (40, 1), (16, 17)] {
-            let v = edge(rows * k);
+        // rows x K with partial tiles and chunks; stored row-major and transposed; with
+        // the f32 subnormals (nearly every line has one: the bit-arithmetic fallback) and
+        // without them (the conversion instruction on NaN, infinities, ties, overflow)
+        let shapes = [(16, 32), (37, 75), (5, 33), (40, 1), (16, 17)];
+        for ((rows, k), normal) in shapes.into_iter().flat_map(|s| [(s, false), (s, true)]) {
+            let mut v = edge(rows * k);
+            if normal {
+                for x in v.iter_mut().filter(|x| x.is_subnormal()) {
+                    *x = f32::from_bits(x.to_bits() | 0x0080_0000);
+                }
+            }
             let vt: Vec<f32> = (0..rows * k)
                 .map(|j| v[(j % rows) * k + j / rows])
                 .collect();
@@ -202,7 +248,8 @@ mod tests {
                             scalar(x, i, t, &mut want, a_layout);
                             // SAFETY: checked just above; the views fit their storage
                             assert!(unsafe { pack_tile(x, i, t, &mut got, a_layout) });
-                            assert_eq!(got, want, "[{rows}, {k}] tile ({i}, {t}) a {a_layout}");
+                            let what = format!("[{rows}, {k}] ({i}, {t}) a {a_layout} {normal}");
+                            assert_eq!(got, want, "{what}");
                         }
                     }
                 }
