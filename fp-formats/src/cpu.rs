@@ -1,6 +1,6 @@
 //! Run-time CPU feature dispatch, shared by every crate of the workspace: `fp-formats`'
 //! kernels, `quant`'s fused quantizers and `autograd`'s element loops ask here, and only
-//! here, whether their AVX2 builds may run.
+//! here, whether their AVX2 builds (and `quant`'s AVX-512 kernels, [`has_avx512f`]) may run.
 //!
 //! Detection happens once per process. Setting `NIBBLE_FORCE_PORTABLE` (or, by its older
 //! name, `FP_FORMATS_FORCE_PORTABLE`) to any value selects the portable code everywhere, for
@@ -32,6 +32,7 @@ pub const FORCE_PORTABLE_ENV: [&str; 2] = ["NIBBLE_FORCE_PORTABLE", "FP_FORMATS_
 struct Features {
     avx2: bool,
     fma: bool,
+    avx512f: bool,
     avx512_bf16: bool,
     amx_bf16: bool,
 }
@@ -50,13 +51,18 @@ fn features() -> Features {
         #[cfg(not(target_arch = "x86_64"))]
         let (avx2, fma) = (false, false);
         #[cfg(target_arch = "x86_64")]
-        let avx512_bf16 =
-            std::is_x86_feature_detected!("avx512f") && std::is_x86_feature_detected!("avx512bf16");
+        let avx512f =
+            std::is_x86_feature_detected!("avx512f") && std::is_x86_feature_detected!("popcnt");
+        #[cfg(not(target_arch = "x86_64"))]
+        let avx512f = false;
+        #[cfg(target_arch = "x86_64")]
+        let avx512_bf16 = avx512f && std::is_x86_feature_detected!("avx512bf16");
         #[cfg(not(target_arch = "x86_64"))]
         let avx512_bf16 = false;
         Features {
             avx2: avx2 && !forced,
             fma: fma && !forced,
+            avx512f: avx512f && !forced,
             avx512_bf16: avx512_bf16 && !forced,
             amx_bf16: !forced && amx_bf16_usable(),
         }
@@ -74,6 +80,19 @@ pub fn has_avx2() -> bool {
 pub fn has_avx2_fma() -> bool {
     let f = features();
     f.avx2 && f.fma
+}
+
+/// Whether AVX-512F code (with POPCNT, which every such CPU has) may run: `quant`'s AVX-512
+/// quantizer kernels.
+///
+/// ```
+/// if fp_formats::cpu::has_avx512f() {
+///     assert!(std::env::var_os("NIBBLE_FORCE_PORTABLE").is_none());
+/// }
+/// ```
+#[inline]
+pub fn has_avx512f() -> bool {
+    features().avx512f
 }
 
 /// Whether AVX-512F + AVX512_BF16 code (`vdpbf16ps`) may run.

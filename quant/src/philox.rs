@@ -295,9 +295,10 @@ pub(crate) mod avx512 {
 
     const BLOCK: usize = 16;
 
-    /// Whether this CPU has AVX-512F, which [`words_x16`] and the quantizer kernels need.
+    /// Whether [`words_x16`] and the AVX-512 quantizer kernels may run: the CPU has AVX-512F
+    /// (and POPCNT) and the portable code is not forced (`fp_formats::cpu`).
     pub(crate) fn available() -> bool {
-        std::is_x86_feature_detected!("avx512f")
+        fp_formats::cpu::has_avx512f()
     }
 
     /// The Philox4x32-10 output words of the sixteen blocks `first + l · stride` (`l < 16`, one
@@ -355,7 +356,7 @@ pub(crate) mod avx512 {
         #[test]
         fn philox_matches_the_scalar_lanes() {
             if !available() {
-                eprintln!("skipped: this CPU has no AVX-512F");
+                eprintln!("SKIP: the AVX-512 kernels do not run here (no AVX-512F, or NIBBLE_FORCE_PORTABLE)");
                 return;
             }
             for (seed, stream, first, stride) in [
