@@ -3,8 +3,10 @@
 //! source layout, one 16-lane `zmm` row at a time, with the exact IEEE operations of the
 //! portable code (`crate::grid`'s saturating RNE and stochastic rounding, the scale rule of
 //! [`super::MxCast`], no FMA, no reassociation) and its clipped and non-finite counts. Same
-//! bits as the portable and AVX2 builds (tested below against the portable code on edge
-//! data, and by the whole-tensor tests in `mx/tests.rs`).
+//! bits as the portable and AVX2 builds: `mx/tests.rs` runs every element format, scale rule
+//! and rounding (RNE, SR, prescaled SR), with and without RHT, on edge data (huge values,
+//! partial blocks and tiles, several panels) through the dispatched and the portable builds
+//! and compares values, clipped counts and errors with the codes-path reference.
 //!
 //! The portable code keeps a tile in a stack array that the AVX2 build cannot hold in its
 //! registers; here each row goes from load to store in registers, and the random bytes
