@@ -156,3 +156,43 @@ pub(crate) fn grid_code<F: Elem>(v: f32) -> u32 {
         normal
     }
 }
+
+/// The steps shared by the AVX-512 kernels of NVFP4 (`nvfp4/avx512.rs`) and MX
+/// (`mx/avx512.rs`) on 16 lanes, with this module's scalar arithmetic: stochastic rounding of
+/// magnitudes on a grid of known step, and the signed product with the block scale.
+#[cfg(target_arch = "x86_64")]
+pub(crate) mod avx512 {
+    use std::arch::x86_64::*;
+
+    /// [`super::grid_sr`]'s rounding of `a` (non-negative) onto the multiples of `step` (a
+    /// power of two; `inv_step` its reciprocal), up iff `256 · frac(a / step) >= 256 - r`
+    /// for the random byte `r` of each lane: `(floor(t) + up) · step` with `t = a · inv_step`
+    /// exact, its floor by the magic number `2^23`.
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    pub(crate) fn round_sr(a: __m512, step: __m512, inv_step: __m512, r: __m512i) -> __m512 {
+        let (one, two23, c256) = (
+            _mm512_set1_ps(1.0),
+            _mm512_set1_ps(8_388_608.0),
+            _mm512_set1_ps(256.0),
+        );
+        let t = _mm512_mul_ps(a, inv_step);
+        let n = _mm512_sub_ps(_mm512_add_ps(t, two23), two23);
+        let above = _mm512_cmp_ps_mask::<_CMP_GT_OQ>(n, t);
+        let fl = _mm512_mask_sub_ps(n, above, n, one);
+        let frac = _mm512_mul_ps(_mm512_sub_ps(t, fl), c256);
+        let threshold = _mm512_sub_ps(c256, _mm512_cvtepi32_ps(r));
+        let up = _mm512_cmp_ps_mask::<_CMP_GE_OQ>(frac, threshold);
+        // `fl + 0` is `fl` itself (fl >= +0), so only the rounded-up lanes add.
+        _mm512_mul_ps(_mm512_mask_add_ps(fl, up, fl, one), step)
+    }
+
+    /// `fl(v · s)` with the sign bit of `y` (the bits of the scaled element) put back.
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    pub(crate) fn signed_product(v: __m512, s: __m512, y: __m512i) -> __m512 {
+        let sign = _mm512_set1_epi32(0x8000_0000u32 as i32);
+        let m = _mm512_castps_si512(_mm512_mul_ps(v, s));
+        _mm512_castsi512_ps(_mm512_or_si512(m, _mm512_and_si512(y, sign)))
+    }
+}

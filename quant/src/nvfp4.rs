@@ -684,7 +684,30 @@ macro_rules! avx2_dispatch {
     };
 }
 
-// The fused fake-quantization path (after the macro, which it uses) and its AVX2 kernels.
+/// The four butterfly stages (strides 1, 2, 4, 8, each fully unrolled) of the 16-point
+/// Hadamard transform on 16 rows of vectors `$v`, with the vector type's `$add` and `$sub`:
+/// the shape `crate::hadamard` computes lane by lane, shared by the AVX2 and AVX-512 kernels.
+#[cfg(target_arch = "x86_64")]
+macro_rules! hadamard16_butterflies {
+    ($v:ident, $add:ident, $sub:ident) => {
+        hadamard16_butterflies!(@stage $v, $add, $sub, 1);
+        hadamard16_butterflies!(@stage $v, $add, $sub, 2);
+        hadamard16_butterflies!(@stage $v, $add, $sub, 4);
+        hadamard16_butterflies!(@stage $v, $add, $sub, 8);
+    };
+    (@stage $v:ident, $add:ident, $sub:ident, $s:literal) => {
+        for j in 0..BLOCK {
+            if j & $s == 0 {
+                let (a, b) = ($v[j], $v[j + $s]);
+                $v[j] = $add(a, b);
+                $v[j + $s] = $sub(a, b);
+            }
+        }
+    };
+}
+
+// The fused fake-quantization path (after the macros, which it uses) and its AVX2 and
+// AVX-512 kernels.
 #[cfg(target_arch = "x86_64")]
 mod avx2;
 #[cfg(target_arch = "x86_64")]

@@ -18,6 +18,7 @@ use std::marker::PhantomData;
 use fp_formats::mx::BLOCK;
 
 use super::MxCast;
+use crate::grid::avx512::{round_sr, signed_product};
 use crate::grid::{max, Elem};
 use crate::philox::avx512::words_x16;
 use crate::RngKey;
@@ -37,17 +38,12 @@ pub(super) struct Counts {
 /// The broadcast constants of `F`'s grid arithmetic.
 struct Grid<F> {
     abs: __m512i,
-    sign: __m512i,
     max: __m512,
     exp: __m512i,
     min_normal: __m512,
     magic_shift: __m512i,
     mant: __m512i,
     e254: __m512i,
-    inf_bits: __m512i,
-    one: __m512,
-    two23: __m512,
-    c256: __m512,
     byte: __m512i,
     _f: PhantomData<F>,
 }
@@ -58,17 +54,13 @@ impl<F: Elem> Grid<F> {
     fn new() -> Self {
         Grid {
             abs: _mm512_set1_epi32(0x7FFF_FFFF),
-            sign: _mm512_set1_epi32(0x8000_0000u32 as i32),
             max: _mm512_set1_ps(F::MAX),
+            // the exponent field's mask, which is also the bits of +Inf
             exp: _mm512_set1_epi32(0x7F80_0000),
             min_normal: _mm512_set1_ps(f32::from_bits(F::MIN_NORMAL_BITS)),
             magic_shift: _mm512_set1_epi32(((23 - F::MANTISSA_BITS) << 23) as i32),
             mant: _mm512_set1_epi32((F::MANTISSA_BITS << 23) as i32),
             e254: _mm512_set1_epi32(254 << 23),
-            inf_bits: _mm512_set1_epi32(0x7F80_0000),
-            one: _mm512_set1_ps(1.0),
-            two23: _mm512_set1_ps(8_388_608.0),
-            c256: _mm512_set1_ps(256.0),
             byte: _mm512_set1_epi32(0xFF),
             _f: PhantomData,
         }
@@ -83,7 +75,7 @@ impl<F: Elem> Grid<F> {
         let ay = _mm512_and_si512(y, self.abs);
         let ayf = _mm512_castsi512_ps(ay);
         n.clipped += _mm512_cmp_ps_mask::<_CMP_GT_OQ>(ayf, self.max).count_ones() as usize;
-        n.bad |= _mm512_cmpge_epu32_mask(ay, self.inf_bits) != 0;
+        n.bad |= _mm512_cmpge_epu32_mask(ay, self.exp) != 0;
         // `ay < MAX ? ay : MAX` (NaN gives MAX): MINPS returns its second operand unless
         // the first is smaller.
         let a = _mm512_min_ps(ayf, self.max);
@@ -93,21 +85,13 @@ impl<F: Elem> Grid<F> {
         (a, eb, y)
     }
 
-    /// `fl(v · s)` with the sign of `y` (the `f32` output of `Out::emit`).
-    #[inline]
-    #[target_feature(enable = "avx512f,popcnt")]
-    fn emit(&self, v: __m512, s: __m512, y: __m512i) -> __m512 {
-        let m = _mm512_castps_si512(_mm512_mul_ps(v, s));
-        _mm512_castsi512_ps(_mm512_or_si512(m, _mm512_and_si512(y, self.sign)))
-    }
-
     /// The fake-quantized `x` with RNE (`grid_rne`).
     #[inline]
     #[target_feature(enable = "avx512f,popcnt")]
     fn rne(&self, x: __m512, mul: __m512, s: __m512, n: &mut Counts) -> __m512 {
         let (a, eb, y) = self.scaled(x, mul, n);
         let c = _mm512_castsi512_ps(_mm512_add_epi32(eb, self.magic_shift));
-        self.emit(_mm512_sub_ps(_mm512_add_ps(a, c), c), s, y)
+        signed_product(_mm512_sub_ps(_mm512_add_ps(a, c), c), s, y)
     }
 
     /// The fake-quantized `x` with stochastic rounding (`grid_sr`), one random byte per
@@ -119,16 +103,7 @@ impl<F: Elem> Grid<F> {
         let step = _mm512_castsi512_ps(_mm512_sub_epi32(eb, self.mant));
         let inv_step =
             _mm512_castsi512_ps(_mm512_add_epi32(_mm512_sub_epi32(self.e254, eb), self.mant));
-        let t = _mm512_mul_ps(a, inv_step);
-        let nn = _mm512_sub_ps(_mm512_add_ps(t, self.two23), self.two23);
-        let above = _mm512_cmp_ps_mask::<_CMP_GT_OQ>(nn, t);
-        let fl = _mm512_mask_sub_ps(nn, above, nn, self.one);
-        let frac = _mm512_mul_ps(_mm512_sub_ps(t, fl), self.c256);
-        let threshold = _mm512_sub_ps(self.c256, _mm512_cvtepi32_ps(r));
-        let up = _mm512_cmp_ps_mask::<_CMP_GE_OQ>(frac, threshold);
-        // `fl + 0` is `fl` itself (fl >= +0), so only the rounded-up lanes add.
-        let v = _mm512_mul_ps(_mm512_mask_add_ps(fl, up, fl, self.one), step);
-        self.emit(v, s, y)
+        signed_product(round_sr(a, step, inv_step, r), s, y)
     }
 }
 

@@ -119,21 +119,7 @@ impl Rht8 {
             v[i] = _mm256_xor_ps(v[i], self.flips[i]);
         }
         // Butterfly stages with strides 1, 2, 4, 8 (each fully unrolled).
-        macro_rules! stage {
-            ($s:literal) => {
-                for j in 0..BLOCK {
-                    if j & $s == 0 {
-                        let (a, b) = (v[j], v[j + $s]);
-                        v[j] = _mm256_add_ps(a, b);
-                        v[j + $s] = _mm256_sub_ps(a, b);
-                    }
-                }
-            };
-        }
-        stage!(1);
-        stage!(2);
-        stage!(4);
-        stage!(8);
+        hadamard16_butterflies!(v, _mm256_add_ps, _mm256_sub_ps);
         let zero = _mm256_setzero_ps();
         for e in v.iter_mut() {
             // `+ 0.0` turns a -0 sum into +0 (`crate::hadamard`, "Sign of zero").

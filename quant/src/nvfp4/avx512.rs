@@ -24,6 +24,7 @@ use std::arch::x86_64::*;
 use fp_formats::nvfp4::{GlobalScale, BLOCK};
 
 use super::fast::group_scales;
+use crate::grid::avx512::{round_sr, signed_product};
 use crate::philox::avx512::words_x16;
 use crate::RngKey;
 
@@ -139,17 +140,13 @@ pub(super) unsafe fn row_group(
 /// The broadcast constants of the element arithmetic.
 struct Consts {
     abs: __m512i,
-    sign: __m512i,
     six: __m512,
     two: __m512,
     four: __m512,
-    one: __m512,
     exp1: __m512i,
     magic_rne: __m512i,
     inv_step0: __m512i,
     step0: __m512i,
-    two23: __m512,
-    c256: __m512,
 }
 
 impl Consts {
@@ -158,17 +155,13 @@ impl Consts {
     fn new() -> Consts {
         Consts {
             abs: _mm512_set1_epi32(0x7FFF_FFFF),
-            sign: _mm512_set1_epi32(0x8000_0000u32 as i32),
             six: _mm512_set1_ps(6.0),
             two: _mm512_set1_ps(2.0),
             four: _mm512_set1_ps(4.0),
-            one: _mm512_set1_ps(1.0),
             exp1: _mm512_set1_epi32(1 << 23),
             magic_rne: _mm512_set1_epi32(0x4A80_0000),
             inv_step0: _mm512_set1_epi32(0x4000_0000),
             step0: _mm512_set1_epi32(0x3F00_0000),
-            two23: _mm512_set1_ps(8_388_608.0),
-            c256: _mm512_set1_ps(256.0),
         }
     }
 
@@ -197,14 +190,6 @@ impl Consts {
         (bits, a, e)
     }
 
-    /// `fl(v · sf)` with the sign bit of `y` put back.
-    #[inline]
-    #[target_feature(enable = "avx512f")]
-    fn finish(&self, v: __m512, sf: __m512, bits: __m512i) -> __m512 {
-        let m = _mm512_castps_si512(_mm512_mul_ps(v, sf));
-        _mm512_castsi512_ps(_mm512_or_si512(m, _mm512_and_si512(bits, self.sign)))
-    }
-
     /// `fast::fake_rne` on 16 lanes.
     #[inline]
     #[target_feature(enable = "avx512f")]
@@ -212,7 +197,7 @@ impl Consts {
         let (bits, a, e) = self.scaled(x, enc);
         let c = _mm512_castsi512_ps(_mm512_add_epi32(self.magic_rne, e));
         let v = _mm512_sub_ps(_mm512_add_ps(a, c), c);
-        self.finish(v, sf, bits)
+        signed_product(v, sf, bits)
     }
 
     /// `fast::fake_sr` on 16 lanes; `r` holds one random byte per lane.
@@ -222,16 +207,7 @@ impl Consts {
         let (bits, a, e) = self.scaled(x, enc);
         let inv_step = _mm512_castsi512_ps(_mm512_sub_epi32(self.inv_step0, e));
         let step = _mm512_castsi512_ps(_mm512_add_epi32(self.step0, e));
-        let t = _mm512_mul_ps(a, inv_step);
-        let n = _mm512_sub_ps(_mm512_add_ps(t, self.two23), self.two23);
-        let above = _mm512_cmp_ps_mask::<_CMP_GT_OQ>(n, t);
-        let fl = _mm512_mask_sub_ps(n, above, n, self.one);
-        let frac = _mm512_mul_ps(_mm512_sub_ps(t, fl), self.c256);
-        let threshold = _mm512_sub_ps(self.c256, _mm512_cvtepi32_ps(r));
-        let up = _mm512_cmp_ps_mask::<_CMP_GE_OQ>(frac, threshold);
-        // `fl + 0` is `fl` itself here (fl >= +0), so only the rounded-up lanes add.
-        let v = _mm512_mul_ps(_mm512_mask_add_ps(fl, up, fl, self.one), step);
-        self.finish(v, sf, bits)
+        signed_product(round_sr(a, step, inv_step, r), sf, bits)
     }
 }
 
@@ -295,21 +271,7 @@ unsafe fn rht_strip_impl(
             let e = _mm512_loadu_si512(x.add((r0 + i) * ld + c).cast());
             _mm512_castsi512_ps(_mm512_xor_si512(e, flips[i]))
         });
-        macro_rules! stage {
-            ($s:literal) => {
-                for j in 0..BLOCK {
-                    if j & $s == 0 {
-                        let (a, b) = (v[j], v[j + $s]);
-                        v[j] = _mm512_add_ps(a, b);
-                        v[j + $s] = _mm512_sub_ps(a, b);
-                    }
-                }
-            };
-        }
-        stage!(1);
-        stage!(2);
-        stage!(4);
-        stage!(8);
+        hadamard16_butterflies!(v, _mm512_add_ps, _mm512_sub_ps);
         for (i, e) in v.iter().enumerate() {
             // `+ 0.0` turns a -0 sum into +0 (`crate::hadamard`, "Sign of zero").
             let y = _mm512_mul_ps(_mm512_add_ps(*e, zero), quarter);
