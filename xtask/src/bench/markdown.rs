@@ -235,7 +235,7 @@ pub fn readme_section(run: &RunInfo, metrics: &[Metric], skipped: &[(String, Str
     gemms(&mut s, metrics);
     let _ = writeln!(
         s,
-        "\nKernels, one thread: speed on an in-cache 256x256 f32 tensor as a multiple of the compute probe's (gated), instructions per element from callgrind (gated), and on a 4096x4096 tensor in GB/s of f32 and as a multiple of a memcpy of it (reported; memcpy {} GB/s, probe {} Gelem/s here):\n\n| kernel | x probe (in cache) | instructions/element | GB/s of f32 | x memcpy |\n|---|---:|---:|---:|---:|",
+        "\nKernels, one thread: speed on an in-cache 256x256 f32 tensor as a multiple of the compute probe's (gated where the machine's profile found it steady between runs), instructions per element from callgrind (gated everywhere), and on a 4096x4096 tensor in GB/s of f32 and as a multiple of a memcpy of it (reported; memcpy {} GB/s, probe {} Gelem/s here):\n\n| kernel | x probe (in cache) | instructions/element | GB/s of f32 | x memcpy |\n|---|---:|---:|---:|---:|",
         find(metrics, MEMCPY).map_or("?".into(), |v| format!("{v:.1}")),
         find(metrics, PROBE).map_or("?".into(), |v| format!("{v:.2}"))
     );

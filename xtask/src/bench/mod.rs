@@ -54,7 +54,7 @@ use serde_json::json;
 
 use crate::venv::run_cmd;
 use crate::workspace_root;
-use baseline::{compare, derive_tolerance, Baseline, Calibration, Derived, Machine, Verdict};
+use baseline::{compare, derive_tolerances, Baseline, Calibration, Derived, Machine, Verdict};
 use confirm::Source;
 use metric::{Metric, SuiteReport};
 
@@ -328,22 +328,20 @@ pub fn run(args: &[String]) -> Result<()> {
                 }
             }
         }
-        for (name, values) in &samples {
-            if let Some(d) = derive_tolerance(values) {
-                let tol = d.tolerance.map_or("not gated (too noisy)".into(), |t| {
-                    format!("tolerance {:.0}%", 100.0 * t)
-                });
-                println!(
-                    "  {name:<48} median {:.4}, {tol}; values {}",
-                    d.value,
-                    values
-                        .iter()
-                        .map(|v| format!("{v:.4}"))
-                        .collect::<Vec<_>>()
-                        .join(" ")
-                );
-                derived.insert(name.clone(), d);
-            }
+        derived = derive_tolerances(&samples);
+        for (name, d) in &derived {
+            let tol = d.tolerance.map_or("not gated (too noisy)".into(), |t| {
+                format!("tolerance {:.0}%", 100.0 * t)
+            });
+            println!(
+                "  {name:<48} median {:.4}, {tol}; values {}",
+                d.value,
+                samples[name]
+                    .iter()
+                    .map(|v| format!("{v:.4}"))
+                    .collect::<Vec<_>>()
+                    .join(" ")
+            );
         }
     }
 
