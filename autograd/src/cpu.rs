@@ -7,15 +7,22 @@
 
 use rayon::prelude::*;
 
-/// Runs `f` compiled for AVX2 + FMA when the CPU has them (asked of the workspace's one
-/// run-time dispatch, `fp_formats::cpu`; the crate is built for baseline x86-64, i.e. SSE2). `f` is inlined into the feature-enabled wrapper, so
-/// its element loops vectorise 8 wide. Results are bit-identical on every path: the kernels
-/// use no fused multiply-adds of their own (Rust never contracts `a * b + c`) and their
-/// reductions have a fixed lane structure.
+/// Runs `f` compiled for AVX-512F, or else AVX2 + FMA, when the CPU has them (asked of the
+/// workspace's one run-time dispatch, `fp_formats::cpu`; the crate is built for baseline
+/// x86-64, i.e. SSE2). `f` is inlined into the feature-enabled wrapper, so its element loops
+/// vectorise 16 or 8 wide. Results are bit-identical on every path: the kernels use no fused
+/// multiply-adds of their own (Rust never contracts `a * b + c`) and their reductions have a
+/// fixed lane structure (16 accumulators, whatever the vector width). On the 2-vCPU Zen 4
+/// host the AVX-512 build made 2-thread training steps 2-3% faster (fewer instructions for
+/// the two hardware threads to share) and left one-thread steps unchanged.
 #[inline(always)]
 pub(crate) fn simd<R>(f: impl FnOnce() -> R) -> R {
     #[cfg(target_arch = "x86_64")]
     {
+        if fp_formats::cpu::has_avx512f() && fp_formats::cpu::has_avx2_fma() {
+            // SAFETY: as below, with AVX-512F too.
+            return unsafe { avx512(f) };
+        }
         if fp_formats::cpu::has_avx2_fma() {
             // SAFETY: the CPU supports the features `avx2_fma` is compiled for (the shared
             // dispatch checked; it also honours NIBBLE_FORCE_PORTABLE).
@@ -28,6 +35,12 @@ pub(crate) fn simd<R>(f: impl FnOnce() -> R) -> R {
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx,avx2,fma")]
 unsafe fn avx2_fma<R>(f: impl FnOnce() -> R) -> R {
+    f()
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx,avx2,fma,avx512f")]
+unsafe fn avx512<R>(f: impl FnOnce() -> R) -> R {
     f()
 }
 
@@ -337,6 +350,70 @@ fn sum16(a: &[f32; 16]) -> f32 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The element kernels compiled for AVX-512F, for AVX2 + FMA and for baseline x86-64 give
+    /// the same bits (no contraction, fixed reduction lanes), on values spanning `exp`'s
+    /// clamps, NaN and a length that leaves a tail after the 16-wide chunks.
+    #[test]
+    fn every_instruction_set_gives_the_same_bits() {
+        let mut x: Vec<f32> = (0..1003).map(|i| (i as f32 * 0.731).sin() * 95.0).collect();
+        x[500] = f32::NAN;
+        let finite: Vec<f32> = x
+            .iter()
+            .map(|v| if v.is_nan() { 0.5 } else { *v })
+            .collect();
+        #[inline(always)]
+        fn kernels(x: &[f32], finite: &[f32]) -> Vec<u32> {
+            let mut bits: Vec<u32> = x
+                .iter()
+                .flat_map(|&v| [exp(v), tanh(v / 8.0), sigmoid(v / 8.0)])
+                .map(f32::to_bits)
+                .collect();
+            bits.extend(
+                [
+                    dot(finite, &finite[1..]),
+                    sum(finite),
+                    sum_sq(finite),
+                    max(finite),
+                    max(x),
+                ]
+                .map(f32::to_bits),
+            );
+            bits
+        }
+        let baseline = kernels(&x, &finite);
+        #[cfg(target_arch = "x86_64")]
+        {
+            if fp_formats::cpu::has_avx2_fma() {
+                // SAFETY: the CPU has AVX2 and FMA (checked just above).
+                assert!(
+                    unsafe {
+                        avx2_fma(
+                            #[inline(always)]
+                            || kernels(&x, &finite),
+                        )
+                    } == baseline,
+                    "AVX2 + FMA"
+                );
+            } else {
+                eprintln!("SKIP the AVX2 + FMA build: this CPU lacks AVX2 or FMA (or the portable code is forced)");
+            }
+            if fp_formats::cpu::has_avx512f() && fp_formats::cpu::has_avx2_fma() {
+                // SAFETY: the CPU has AVX-512F, AVX2 and FMA (checked just above).
+                assert!(
+                    unsafe {
+                        avx512(
+                            #[inline(always)]
+                            || kernels(&x, &finite),
+                        )
+                    } == baseline,
+                    "AVX-512F"
+                );
+            } else {
+                eprintln!("SKIP the AVX-512F build: this CPU lacks AVX-512F (or the portable code is forced)");
+            }
+        }
+    }
 
     #[test]
     fn exp_tanh_sigmoid_are_accurate() {
