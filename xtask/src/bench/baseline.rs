@@ -190,19 +190,24 @@ fn spread(values: &[f64]) -> Option<(f64, f64)> {
     if v.len() < 2 || v.len() != values.len() || v.iter().any(|x| !x.is_finite()) {
         return None;
     }
-    v.sort_by(f64::total_cmp);
-    let n = v.len();
-    let median = if n % 2 == 1 {
-        v[n / 2]
-    } else {
-        (v[n / 2 - 1] + v[n / 2]) / 2.0
-    };
+    let median = median_of(&mut v);
     let dev = v
         .iter()
         .map(|x| (x / median).ln().abs())
         .fold(0.0, f64::max)
         .exp_m1();
     Some((median, dev))
+}
+
+/// The median of a non-empty `v` (sorted in place).
+fn median_of(v: &mut [f64]) -> f64 {
+    v.sort_by(f64::total_cmp);
+    let n = v.len();
+    if n % 2 == 1 {
+        v[n / 2]
+    } else {
+        (v[n / 2 - 1] + v[n / 2]) / 2.0
+    }
 }
 
 /// The tolerance for a ratio with median `median` and largest deviation `own` over `n` runs,
@@ -285,16 +290,7 @@ pub fn derive_tolerances(samples: &BTreeMap<String, Vec<f64>>) -> Derived {
     }
     let typical: BTreeMap<&str, (usize, f64)> = by_reference
         .into_iter()
-        .map(|(r, mut devs)| {
-            devs.sort_by(f64::total_cmp);
-            let n = devs.len();
-            let median = if n % 2 == 1 {
-                devs[n / 2]
-            } else {
-                (devs[n / 2 - 1] + devs[n / 2]) / 2.0
-            };
-            (r, (n, median))
-        })
+        .map(|(r, mut devs)| (r, (devs.len(), median_of(&mut devs))))
         .collect();
     spreads
         .iter()
