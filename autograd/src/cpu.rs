@@ -384,34 +384,28 @@ mod tests {
         let baseline = kernels(&x, &finite);
         #[cfg(target_arch = "x86_64")]
         {
-            if fp_formats::cpu::has_avx2_fma() {
-                // SAFETY: the CPU has AVX2 and FMA (checked just above).
-                assert!(
-                    unsafe {
-                        avx2_fma(
-                            #[inline(always)]
-                            || kernels(&x, &finite),
-                        )
-                    } == baseline,
-                    "AVX2 + FMA"
-                );
-            } else {
-                eprintln!("SKIP the AVX2 + FMA build: this CPU lacks AVX2 or FMA (or the portable code is forced)");
-            }
-            if fp_formats::cpu::has_avx512f() && fp_formats::cpu::has_avx2_fma() {
-                // SAFETY: the CPU has AVX-512F, AVX2 and FMA (checked just above).
-                assert!(
-                    unsafe {
-                        avx512(
-                            #[inline(always)]
-                            || kernels(&x, &finite),
-                        )
-                    } == baseline,
-                    "AVX-512F"
-                );
-            } else {
-                eprintln!("SKIP the AVX-512F build: this CPU lacks AVX-512F (or the portable code is forced)");
-            }
+            use fp_formats::cpu::{has_avx2_fma, has_avx512f};
+            // `bits` runs only when `available` (the build's features are present)
+            let check = |build: &str, available: bool, bits: &dyn Fn() -> Vec<u32>| {
+                if available {
+                    assert!(bits() == baseline, "{build}");
+                } else {
+                    eprintln!("SKIP the {build} build: this CPU lacks it (or the portable code is forced)");
+                }
+            };
+            // SAFETY (both): called by `check` only when the CPU has the features.
+            check("AVX2 + FMA", has_avx2_fma(), &|| unsafe {
+                avx2_fma(
+                    #[inline(always)]
+                    || kernels(&x, &finite),
+                )
+            });
+            check("AVX-512F", has_avx512f() && has_avx2_fma(), &|| unsafe {
+                avx512(
+                    #[inline(always)]
+                    || kernels(&x, &finite),
+                )
+            });
         }
     }
 
