@@ -24,6 +24,7 @@ use quant::{
 use crate::calibrate;
 use crate::harness::{run_against, run_rounds, Case, Clock};
 use crate::metric::{Basis, Better, Metric};
+use crate::peak;
 
 /// Deterministic normal-ish data (Irwin-Hall of four uniforms, unit variance) from SplitMix64.
 pub fn data(n: usize, seed: u64) -> Vec<f32> {
@@ -392,11 +393,15 @@ fn thread_scaling(rounds: usize, rows: usize, cols: usize, out: &mut Vec<Metric>
             );
         })
     };
+    // the host's second core, timed in the same rounds (two units of about 5 ms each)
+    let iters = peak::scaling_iters(0.005);
     let mut cases = [
         Case::new("row_1t", || row(&p1)),
         Case::new("row_2t", || row(&p2)),
         Case::new("col_1t", || col(&p1)),
         Case::new("col_2t", || col(&p2)),
+        Case::new("probe_1t", || peak::scaling_work(&p1, 2, iters)),
+        Case::new("probe_2t", || peak::scaling_work(&p2, 2, iters)),
     ];
     let r = run_rounds(&mut cases, rounds, 2, Clock::Wall);
     for (name, one, two) in [
@@ -406,11 +411,17 @@ fn thread_scaling(rounds: usize, rows: usize, cols: usize, out: &mut Vec<Metric>
         out.push(Metric::ratio(
             format!("quant/{name}/speedup_2t"),
             r.ratio(one, two),
-            Basis::Compute,
+            Basis::Cores,
             Better::Higher,
             format!("time on a 1-thread pool / time on a 2-thread pool, {rows}x{cols}"),
         ));
     }
+    out.push(Metric::reported_ratio(
+        peak::scaling_probe_metric("quant"),
+        r.ratio("probe_1t", "probe_2t"),
+        Better::Higher,
+        "the host's second core in these rounds: register-only FMA work on a 1-thread pool / the same work on a 2-thread pool (~2.0 on two whole cores)".into(),
+    ));
     Ok(())
 }
 

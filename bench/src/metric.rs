@@ -43,6 +43,11 @@ pub enum Basis {
     Compute,
     /// Both sides stream from memory (tensors far larger than the caches).
     Memory,
+    /// The same work on one thread over two threads (a 2-thread speed-up): it carries over
+    /// only to a host that gives the second thread a whole core, which `cargo xtask bench`
+    /// checks against the register-only probe timed in the same rounds
+    /// ([`crate::peak::scaling_probe_metric`]).
+    Cores,
 }
 
 /// One measured figure.

@@ -69,6 +69,57 @@ pub fn peak_gflops(unit: Unit, threads: usize, secs: f64) -> anyhow::Result<Opti
     Ok(Some(best))
 }
 
+/// Name of the metric, within a group of 2-thread speed-ups (`step`, `quant`), that says how
+/// much of a second core the host gave in the same rounds: see [`scaling_work`].
+pub fn scaling_probe_metric(group: &str) -> String {
+    format!("{group}/fma_probe/speedup_2t")
+}
+
+/// A 2-thread speed-up of training code is a property of the code only while the host gives
+/// the second thread a whole core. A VM's two logical CPUs can be hyperthreads of one core, or
+/// share a core with another tenant; then every 2-thread speed-up falls whatever the code
+/// does. So the rounds that measure a speed-up also time this register-only work on a 1- and a
+/// 2-thread pool: `units` runs of the FMA probe loop (a portable multiply-add loop where the
+/// CPU has no FMA), `iters` rounds each, spread over `pool`'s threads. The same work on both
+/// pools scales by ~2.0x on two full cores and by much less on a shared one.
+pub fn scaling_work(pool: &rayon::ThreadPool, units: usize, iters: usize) {
+    pool.install(|| {
+        (0..units).into_par_iter().for_each(|_| {
+            if probe(Unit::Fma, iters).is_none() {
+                std::hint::black_box(portable_multiply_add(iters));
+            }
+        })
+    });
+}
+
+/// Rounds of [`scaling_work`] for one unit to take about `secs` on this thread.
+pub fn scaling_iters(secs: f64) -> usize {
+    let one = rayon::ThreadPoolBuilder::new().num_threads(1).build();
+    let Ok(one) = one else { return 1 << 16 };
+    let mut iters = 1usize << 10;
+    loop {
+        let t = Instant::now();
+        scaling_work(&one, 1, iters);
+        let took = t.elapsed().as_secs_f64();
+        if took > secs / 4.0 || iters >= 1 << 30 {
+            return ((iters as f64) * secs / took.max(1e-9)).clamp(1.0, (1u64 << 32) as f64)
+                as usize;
+        }
+        iters *= 4;
+    }
+}
+
+/// Register-only multiply-adds without FMA: 64 independent accumulators.
+fn portable_multiply_add(iters: usize) -> f32 {
+    let mut acc = [1.0f32; 64];
+    for _ in 0..iters {
+        for a in acc.iter_mut() {
+            *a = std::hint::black_box(*a) * 0.999_999 + 1e-7;
+        }
+    }
+    acc.iter().sum()
+}
+
 /// Runs `iters` rounds of `unit`'s loop on this thread; the flops done, or `None`.
 fn probe(unit: Unit, iters: usize) -> Option<f64> {
     match unit {

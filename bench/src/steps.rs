@@ -17,6 +17,7 @@ use trainer::train::{RunConfig, TrainOptions, Trainer};
 
 use crate::harness::{median_and_spread, Rounds};
 use crate::metric::{Basis, Better, Metric};
+use crate::peak;
 
 /// Recipes the step suite measures; FP32 is the reference.
 pub const RECIPES: &[&str] = &["fp32", "bf16", "fp8-current", "mxfp8", "nvfp4"];
@@ -119,28 +120,51 @@ fn run_child(
 }
 
 /// Parent: the recipe comparison (`rounds` rounds in one 2-thread child) and the thread
-/// scaling (`scaling_rounds` pairs of 1- and 2-thread FP32 children), then the metrics.
+/// scaling (`scaling_rounds` pairs of 1- and 2-thread FP32 children, each pair followed by
+/// the register-only probe of the host's second core), then the metrics.
 pub fn suite(rounds: usize, scaling_rounds: usize) -> Result<Vec<Metric>> {
     let (mut out, what) = per_recipe(PRESET, rounds, true)?;
     // Thread scaling: alternate 1- and 2-thread children (order flipped every round).
+    // After each pair of children, the host's second core: the same register-only work on a
+    // 1-thread and a 2-thread pool (two units of about 50 ms each).
+    let pools = [pool(1)?, pool(2)?];
+    let iters = peak::scaling_iters(0.05);
     let mut per = [Vec::new(), Vec::new()];
+    let mut probe = [Vec::new(), Vec::new()];
     for round in 0..scaling_rounds {
         for k in 0..2 {
             let i = (k + round) % 2;
             let c = run_child(PRESET, &["fp32"], i + 1, 1, 3)?;
             per[i].push(median_and_spread(&c.secs[0]).0);
         }
+        for k in 0..2 {
+            let i = (k + round) % 2;
+            let t = Instant::now();
+            peak::scaling_work(&pools[i], 2, iters);
+            probe[i].push(t.elapsed().as_secs_f64());
+        }
     }
     let [one, two] = per;
     let s = Rounds::from_times(vec!["1t", "2t"], vec![one, two]);
     let (x, spread) = s.ratio("1t", "2t");
-    eprintln!("  fp32 2-thread speed-up {x:.2}x ({scaling_rounds} pairs of children)");
+    let [one, two] = probe;
+    let p = Rounds::from_times(vec!["1t", "2t"], vec![one, two]).ratio("1t", "2t");
+    eprintln!(
+        "  fp32 2-thread speed-up {x:.2}x ({scaling_rounds} pairs of children; the FMA probe's {:.2}x)",
+        p.0
+    );
     out.push(Metric::ratio(
         "step/fp32/speedup_2t".into(),
         (x, spread),
-        Basis::Compute,
+        Basis::Cores,
         Better::Higher,
         format!("1-thread step time / 2-thread step time (alternating child processes), {what}"),
+    ));
+    out.push(Metric::reported_ratio(
+        peak::scaling_probe_metric("step"),
+        p,
+        Better::Higher,
+        "the host's second core in these rounds: register-only FMA work on a 1-thread pool / the same work on a 2-thread pool, timed after each pair of children (~2.0 on two whole cores)".into(),
     ));
     Ok(out)
 }
@@ -203,4 +227,10 @@ fn per_recipe(preset: &str, rounds: usize, gated: bool) -> Result<(Vec<Metric>, 
         });
     }
     Ok((out, what))
+}
+
+fn pool(threads: usize) -> Result<rayon::ThreadPool> {
+    Ok(rayon::ThreadPoolBuilder::new()
+        .num_threads(threads)
+        .build()?)
 }

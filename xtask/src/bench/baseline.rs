@@ -14,6 +14,10 @@
 //!   - a ratio of [`Basis::Memory`] (both sides streaming from memory) gates only while the
 //!     host's balance (memcpy GB/s over probe rate) is within `balance` of the profile's;
 //!     otherwise it is reported as not comparable;
+//!   - a ratio of [`Basis::Cores`] (a 2-thread speed-up) gates only when the register-only
+//!     probe timed in the same rounds (`<group>/fma_probe/speedup_2t`) shows that the host
+//!     gave the second thread a whole core ([`FULL_SECOND_CORE`]): on a VM whose two logical
+//!     CPUs share a core, every speed-up falls whatever the code does;
 //!   - on a processor model with no profile, timing ratios are reported, not gated, and the
 //!     report says so; instruction counts still gate.
 //!
@@ -55,6 +59,33 @@ pub const DEFAULT_TOLERANCES: Tolerances = Tolerances {
 /// in-cache kernel ratios were seen to move by up to 15% under a load average of 16, with
 /// no change in the code), at most 25% (so that a 30% slowdown always fails).
 pub const DERIVED_TOLERANCE_RANGE: (f64, f64) = (0.15, 0.25);
+
+/// The least 2-thread over 1-thread speed-up of the register-only probe at which a host counts
+/// as giving the second thread a whole core (two whole cores give 1.95-2.06x; a core shared
+/// with another tenant or a hyperthread sibling gives far less).
+pub const FULL_SECOND_CORE: f64 = 1.8;
+
+/// The run's measurement of the host's second core for a speed-up metric: the probe metric
+/// of the speed-up's group (its first name segment), timed in the same rounds.
+pub fn second_core_probe(name: &str) -> String {
+    let group = name.split('/').next().unwrap_or(name);
+    format!("{group}/fma_probe/speedup_2t")
+}
+
+/// For a 2-thread speed-up in `metrics`, the probe of its rounds when that shows a host short
+/// of a whole second core (a NaN probe counts as short); `None` for other metrics, for a
+/// full second core, or without a probe.
+fn shared_second_core(m: &Metric, metrics: &[Metric]) -> Option<f64> {
+    if m.basis != Some(Basis::Cores) {
+        return None;
+    }
+    let name = second_core_probe(&m.name);
+    metrics
+        .iter()
+        .find(|p| p.name == name)
+        .map(|p| p.value)
+        .filter(|p| p.is_nan() || *p < FULL_SECOND_CORE)
+}
 
 /// Multiple of the largest run-to-run deviation a derived tolerance allows.
 pub const DERIVED_TOLERANCE_FACTOR: f64 = 3.0;
@@ -363,7 +394,15 @@ impl Baseline {
                 portable.insert(m.name.clone(), entry(m, o, None));
             } else {
                 let o = old_profile.and_then(|p| p.metrics.get(&m.name));
-                timing.insert(m.name.clone(), entry(m, o, derived.get(&m.name)));
+                let mut e = entry(m, o, derived.get(&m.name));
+                if let Some(probe) = shared_second_core(m, metrics) {
+                    e.tolerance = None;
+                    e.tolerance_from = None;
+                    e.not_gated = Some(format!(
+                        "recorded on a host that did not give the second thread a whole core (the register-only probe in the same rounds scaled {probe:.2}x): re-record on an idle host"
+                    ));
+                }
+                timing.insert(m.name.clone(), e);
             }
         }
         if let Some(old) = old {
@@ -583,6 +622,10 @@ pub fn compare(
             Status::NotCompared(
                 "memory-bound ratio on a host whose memory/compute balance differs from the profile's".into(),
             )
+        } else if let Some(probe) = shared_second_core(m, metrics) {
+            Status::NotCompared(format!(
+                "2-thread speed-up on a host that did not give the second thread a whole core: the register-only probe in the same rounds scaled {probe:.2}x (at least {FULL_SECOND_CORE}x counts as two whole cores)"
+            ))
         } else {
             judge(m.value, e, tol)
         };
@@ -638,6 +681,47 @@ pub(super) mod tests {
             spread: None,
             note: String::new(),
         }
+    }
+
+    #[test]
+    fn a_speed_up_gates_only_where_the_host_gave_the_second_thread_a_whole_core() {
+        let speed_up = |v| Metric {
+            basis: Some(Basis::Cores),
+            ..metric("step/fp32/speedup_2t", v, Better::Higher, Kind::Ratio)
+        };
+        let probe = |group: &str, v| {
+            let name = format!("{group}/fma_probe/speedup_2t");
+            metric(&name, v, Better::Higher, Kind::Reported)
+        };
+        let base = accept(&[speed_up(1.74), probe("step", 2.01)]);
+        assert_eq!(
+            base.machines[0].metrics.len(),
+            1,
+            "the probe is reported only"
+        );
+        // the CI host of 2026-12-03: the step scaled 1.38x; had its probe scaled alike, the
+        // host is the cause and the figure says nothing about the code
+        let v = verdicts(&[speed_up(1.38), probe("step", 1.40)], &base);
+        match &v[0].status {
+            Status::NotCompared(why) => assert!(why.contains("scaled 1.40x"), "{why}"),
+            s => panic!("expected not compared, got {s:?}"),
+        }
+        // on two whole cores the same figure is a regression of the code
+        let v = verdicts(&[speed_up(1.38), probe("step", 1.98)], &base);
+        assert!(v[0].status.fails(), "{:?}", v[0].status);
+        // another group's probe does not vouch for this one; without a probe it gates
+        let v = verdicts(&[speed_up(1.38), probe("quant", 1.20)], &base);
+        assert!(v[0].status.fails(), "{:?}", v[0].status);
+        let v = verdicts(&[speed_up(1.72), probe("step", f64::NAN)], &base);
+        assert!(matches!(v[0].status, Status::NotCompared(_)));
+        let v = verdicts(&[speed_up(1.72), probe("step", 1.99)], &base);
+        assert!(matches!(v[0].status, Status::Ok { .. }));
+        // a profile recorded on a shared core keeps the figure but does not gate it
+        let base = accept(&[speed_up(1.20), probe("step", 1.25)]);
+        let e = &base.machines[0].metrics["step/fp32/speedup_2t"];
+        assert!(e.not_gated.as_deref().unwrap().contains("1.25x"), "{e:?}");
+        let v = verdicts(&[speed_up(1.72), probe("step", 1.99)], &base);
+        assert!(matches!(v[0].status, Status::NotCompared(_)));
     }
 
     /// A machine with the given processor name, memcpy GB/s and probe rate.

@@ -45,6 +45,10 @@ pub enum Basis {
     /// Both sides stream from memory: the ratio carries over only while the machine's balance
     /// of memory bandwidth to compute is close to the baseline's.
     Memory,
+    /// The same work on one thread over two threads (a 2-thread speed-up): the ratio carries
+    /// over only while the host gives the second thread a whole core, which the run's
+    /// register-only probe of the same rounds shows (see `baseline::FULL_SECOND_CORE`).
+    Cores,
 }
 
 /// One figure, as the `bench` binary writes it.
