@@ -109,6 +109,39 @@ pub fn scaling_iters(secs: f64) -> usize {
     }
 }
 
+/// Median microseconds, over `samples` tries, for an idle worker of `pool` (two or more
+/// threads) to wake up and take a task that the calling worker queued after sleeping 2 ms:
+/// what every parallel region of a training step pays when the other thread has gone to
+/// sleep. Bare-metal hosts wake a thread in a few microseconds; a VM whose idle vCPU has been
+/// descheduled can take far longer, and then fine-grained parallel code scales worse on it
+/// while coarse loops do not.
+pub fn wake_latency_us(pool: &rayon::ThreadPool, samples: usize) -> f64 {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::time::Duration;
+    let give_up = Duration::from_millis(50);
+    let mut v: Vec<f64> = pool.install(|| {
+        (0..samples.max(1))
+            .map(|_| {
+                std::thread::sleep(Duration::from_millis(2));
+                let taken = AtomicBool::new(false);
+                let t = Instant::now();
+                rayon::join(
+                    || {
+                        // the task queued below runs elsewhere unless nobody takes it in time
+                        while !taken.load(Ordering::Acquire) && t.elapsed() < give_up {
+                            std::hint::spin_loop();
+                        }
+                    },
+                    || taken.store(true, Ordering::Release),
+                );
+                t.elapsed().as_secs_f64() * 1e6
+            })
+            .collect()
+    });
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
 /// Register-only multiply-adds without FMA: 64 independent accumulators.
 fn portable_multiply_add(iters: usize) -> f32 {
     let mut acc = [1.0f32; 64];
