@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Where one training step's time goes, by component, from `perf` samples.
 
-    python3 bench/profile/step_profile.py [--presets small,base] [--recipes fp32,bf16,nvfp4,mxfp8]
+    python3 bench/profile/step_profile.py [--presets small,base] [--recipes fp32,bf16,nvfp4,mxfp8] [--by-role]
 
 Runs `target/release/bench step` (build it first: `cargo build --release -p bench`) once per
 preset and recipe under `perf record --call-graph dwarf` (software cpu-clock sampling, which
@@ -10,7 +10,8 @@ carry their caller's stack, so only a one-thread run attributes every sample to 
 Each sample inside `Trainer::train_step` is assigned, from its call chain's source lines, to a
 GEMM role (`ops/linear.rs`: Fprop / Dgrad / Wgrad) and within it to the f32 GEMM, the AMX tiles,
 packing into BF16 tiles, quantization or the alpha epilogue, or else to the autograd op it ran
-in. Prints a Markdown table of the percentages and the sampled ms per step.
+in. Prints a Markdown table of the percentages and the sampled ms per step (with `--by-role`,
+also each GEMM role's split into those parts).
 """
 
 import argparse
@@ -131,6 +132,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--presets", default="small,base")
     ap.add_argument("--recipes", default="fp32,bf16,nvfp4,mxfp8")
+    ap.add_argument("--by-role", action="store_true", help="split each GEMM role into its parts")
     args = ap.parse_args()
     ranges = linear_ranges()
     cols = {}
@@ -148,9 +150,13 @@ def main():
                     c[top] += 1
                     if part:
                         c["  " + part] += 1
+                        c[top + ": " + part] += 1
                 cols[f"{preset} {recipe}"] = (c, tot, rounds + 1)
-    rows = ["GEMM Fprop", "GEMM Dgrad", "GEMM Wgrad"] + ["  " + p for p in PARTS] + \
-        [name for _, name in OPS] + ["rest"]
+    roles = ["GEMM Fprop", "GEMM Dgrad", "GEMM Wgrad"]
+    rows = roles + ["  " + p for p in PARTS] + [name for _, name in OPS] + ["rest"]
+    if args.by_role:
+        rows += [f"{r}: {p}" for r in roles for p in PARTS
+                 if any(c[f"{r}: {p}"] for c, _, _ in cols.values())]
     print("| % of step samples | " + " | ".join(cols) + " |")
     print("|---" * (len(cols) + 1) + "|")
     for row in rows:
