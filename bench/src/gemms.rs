@@ -5,7 +5,11 @@
 //! arithmetics that serve the tests) and
 //! the block-scaled NVFP4 and MXFP8 GEMMs from f32 tensors (`quant::qgemm`, the operands'
 //! quantization included, as in training) on the training shapes of the `small` and `base`
-//! presets, and each over the f32 GEMM on the same shapes. One process per thread count (matrixmultiply reads
+//! presets, and each over the f32 GEMM on the same shapes. Beside the peak, each GEMM is
+//! timed against the least memory traffic of any GEMM of its f32 tensors (one pass reading
+//! both operands and writing the output, `of_traffic`): at the shapes of training, whose K is
+//! small, that traffic rather than the arithmetic bounds the BF16 units, and `of_roofline`
+//! takes the larger of the two fractions. One process per thread count (matrixmultiply reads
 //! `MATMUL_NUM_THREADS` once per process); every figure here is reported, not gated.
 
 use std::hint::black_box;
@@ -109,7 +113,11 @@ pub fn suite(threads: usize, rounds: usize) -> Result<Vec<Metric>> {
         let q = |x: OperandQuant| Quantizer::new(x, usage).map(|q| q.with_key(key));
         let (nva, nvb) = (q(pick(nv).0)?, q(pick(nv).1)?);
         let (mxa, mxb) = (q(pick(mx).0)?, q(pick(mx).1)?);
-        let (mut o3, mut o4) = (vec![0.0f32; m * n], vec![0.0f32; m * n]);
+        let (mut o3, mut o4, mut o5) = (
+            vec![0.0f32; m * n],
+            vec![0.0f32; m * n],
+            vec![0.0f32; m * n],
+        );
         let mut cases = [
             Case::new("f32", || {
                 pool.install(|| sgemm(1.0, va, vb.t(), 0.0, black_box(&mut o1)))
@@ -126,6 +134,11 @@ pub fn suite(threads: usize, rounds: usize) -> Result<Vec<Metric>> {
                 let (a, b) = (Operand::new(ta, mxa), Operand::new(tb, mxb));
                 pool.install(|| quantized_matmul_tn(a, b, black_box(&mut o4)))
                     .expect("valid operands");
+            }),
+            // the least memory traffic of any GEMM of these f32 tensors: each operand read
+            // once, the output written once
+            Case::new("traffic", || {
+                pool.install(|| touch_once(&a, &b, black_box(&mut o5)))
             }),
         ];
         let r = run_rounds(&mut cases, rounds, 3, Clock::Wall);
@@ -146,13 +159,30 @@ pub fn suite(threads: usize, rounds: usize) -> Result<Vec<Metric>> {
                 Better::Higher,
                 format!("{case} GEMM, {shape}"),
             ));
-            if let Some(p) = peak(unit) {
+            let of_peak = peak(unit).map(|p| g / p);
+            if let Some(f) = of_peak {
                 out.push(Metric::absolute(
                     format!("quant/gemm_{case}_{name}/of_peak_{threads}t"),
-                    g / p,
+                    f,
                     "x",
                     Better::Higher,
                     format!("{case} GEMM GFLOP/s / {} peak, {shape}", unit.name()),
+                ));
+            }
+            let of_traffic = r.ratio("traffic", case);
+            out.push(Metric::reported_ratio(
+                format!("quant/gemm_{case}_{name}/of_traffic_{threads}t"),
+                of_traffic,
+                Better::Higher,
+                format!("time of one pass that reads both f32 operands and writes the output (the least traffic of any GEMM of them) / time of the {case} GEMM, {shape}"),
+            ));
+            if let Some(f) = of_peak {
+                out.push(Metric::absolute(
+                    format!("quant/gemm_{case}_{name}/of_roofline_{threads}t"),
+                    f.max(of_traffic.0),
+                    "x",
+                    Better::Higher,
+                    format!("the larger of of_peak and of_traffic: the {case} GEMM's time over the longer of its arithmetic at the unit's peak and its least memory traffic, inverted, {shape}"),
                 ));
             }
         }
@@ -170,4 +200,28 @@ pub fn suite(threads: usize, rounds: usize) -> Result<Vec<Metric>> {
         }
     }
     Ok(out)
+}
+
+/// Reads every value of `a` and `b` once and writes every value of `out` once, in parallel on
+/// the current pool: the memory traffic no GEMM of f32 operands and output can go below.
+fn touch_once(a: &[f32], b: &[f32], out: &mut [f32]) {
+    use rayon::prelude::*;
+    const CHUNK: usize = 1 << 14;
+    let read = |x: &[f32]| -> f32 {
+        x.par_chunks(CHUNK)
+            .map(|c| {
+                // 16 independent lanes, so the sum vectorises and is not latency-bound
+                let mut acc = [0.0f32; 16];
+                let mut it = c.chunks_exact(16);
+                for v in &mut it {
+                    for (s, x) in acc.iter_mut().zip(v) {
+                        *s += x;
+                    }
+                }
+                acc.iter().sum::<f32>() + it.remainder().iter().sum::<f32>()
+            })
+            .sum()
+    };
+    let s = read(a) + read(b);
+    out.par_chunks_mut(CHUNK).for_each(|c| c.fill(s));
 }
