@@ -75,11 +75,11 @@ pub(super) unsafe fn block_2x2(
                 $($init,)*
                 "2:",
                 "tileloadd tmm4, [{a0} + {s}*1]",
-                "tileloadd tmm5, [{a1} + {s}*1]",
                 "tileloadd tmm6, [{b0} + {s}*1]",
-                "tileloadd tmm7, [{b1} + {s}*1]",
                 "tdpbf16ps tmm0, tmm4, tmm6",
+                "tileloadd tmm7, [{b1} + {s}*1]",
                 "tdpbf16ps tmm1, tmm4, tmm7",
+                "tileloadd tmm5, [{a1} + {s}*1]",
                 "tdpbf16ps tmm2, tmm5, tmm6",
                 "tdpbf16ps tmm3, tmm5, tmm7",
                 "add {a0}, {sa}",
