@@ -310,7 +310,7 @@ fn gemms(s: &mut String, metrics: &[Metric]) {
     let peak = |unit: &str, t: u32| find(metrics, &format!("machine/peak_{unit}/gflops_{t}t"));
     let _ = writeln!(
         s,
-        "\nGEMMs on the training shapes (reported), GFLOP/s and fraction of the instruction's measured peak (f32: FP32 FMA; the others: the BF16 unit their GEMM runs on, AMX-BF16 or else `vdpbf16ps` where present, else FP32 FMA), 1 / 2 threads; the NVFP4 and MXFP8 GEMMs include quantizing their f32 operands. Peaks here: FP32 FMA {} / {}, `vdpbf16ps` {} / {}, AMX-BF16 {} / {} GFLOP/s.\n\n| shape (M x N x K) | f32 | bf16 | nvfp4 | mxfp8 | bf16 over f32 |\n|---|---:|---:|---:|---:|---:|",
+        "\nGEMMs on the training shapes (reported), GFLOP/s (fraction of the instruction's measured peak; fraction of the roofline, the longer of that peak's arithmetic and one pass reading both f32 operands and writing the output), 1 / 2 threads. Peaks: f32 on FP32 FMA; the others on the BF16 unit their GEMM runs on, AMX-BF16 or else `vdpbf16ps` where present, else FP32 FMA. The NVFP4 and MXFP8 GEMMs include quantizing their f32 operands. Peaks here: FP32 FMA {} / {}, `vdpbf16ps` {} / {}, AMX-BF16 {} / {} GFLOP/s.\n\n| shape (M x N x K) | f32 | bf16 | nvfp4 | mxfp8 | bf16 over f32 |\n|---|---:|---:|---:|---:|---:|",
         dash0(peak("fp32_fma", 1)),
         dash0(peak("fp32_fma", 2)),
         dash0(peak("bf16_dot", 1)),
@@ -323,9 +323,14 @@ fn gemms(s: &mut String, metrics: &[Metric]) {
             let t = |t: u32| {
                 let g = find(metrics, &format!("quant/gemm_{case}_{shape}/gflops_{t}t"));
                 let f = find(metrics, &format!("quant/gemm_{case}_{shape}/of_peak_{t}t"));
-                match (g, f) {
-                    (Some(g), Some(f)) => format!("{g:.0} ({f:.2})"),
-                    (Some(g), None) => format!("{g:.0}"),
+                let r = find(
+                    metrics,
+                    &format!("quant/gemm_{case}_{shape}/of_roofline_{t}t"),
+                );
+                match (g, f, r) {
+                    (Some(g), Some(f), Some(r)) => format!("{g:.0} ({f:.2}; {r:.2})"),
+                    (Some(g), Some(f), None) => format!("{g:.0} ({f:.2})"),
+                    (Some(g), ..) => format!("{g:.0}"),
                     _ => "-".into(),
                 }
             };
