@@ -4,13 +4,18 @@
 //! (`split` into Q, K, V → `split_heads` → `rope` on Q and K → optional `round_bf16` →
 //! [`Graph::causal_attention`] → `merge_heads`), so every output and gradient is bit for bit
 //! that chain's; only the layout work is gone. Per batch row and head, the forward reads the
-//! head's Q, K and V rows out of the `[T, 3, H, D]` input, rotates Q and K (and rounds all
-//! three) into one contiguous `[T, D]` buffer each (kept for the backward), runs the fused
-//! attention kernel, and writes the head's output into its columns of `[T, H·D]`. The backward
+//! head's Q, K and V rows out of the `[T, 3, H, D]` input, rotates Q and K into one
+//! contiguous `[T, D]` buffer each (kept for the backward), runs the fused attention kernel, and writes the head's output into its columns of `[T, H·D]`. The backward
 //! reads `dO` and `O` in place through strided views, runs the attention backward into
 //! per-head scratch, and writes `dQ` and `dK` rotated back (RoPE's backward) and `dV` into the
 //! head's columns of `dQKV`. Batch rows run in parallel, the heads of one row in order, so the
 //! results do not depend on the number of threads.
+//!
+//! With BF16 attention the chain rounds Q, K and V to BF16 before the products; here they stay
+//! as RoPE leaves them, because they are used only as operands of the BF16 products, which
+//! round every operand to BF16 themselves with the same rounding
+//! ([`Multiplier`]: the BF16 unit's packing, or a rounded copy for the f32 GEMM), so the
+//! results are the same bits without a rounding pass.
 
 use quant::gemm::MatRef;
 use rayon::prelude::*;
@@ -168,8 +173,8 @@ pub(crate) mod cpu {
     }
 
     /// Forward: fills the per-head `heads = [Q, K, V]` buffers (`[B, H, T, D]`, Q and K
-    /// rotated, all rounded when `round`, which also selects BF16 products), `out: [B, T, C]`
-    /// and `lse: [B, H, T]`.
+    /// rotated; not rounded: `round` selects BF16 products, which round their operands), `out:
+    /// [B, T, C]` and `lse: [B, H, T]`.
     pub(crate) fn forward(
         qkv: &[f32],
         tab: &[f32],
@@ -206,7 +211,7 @@ pub(crate) mod cpu {
                                 let r = hi * hd..(hi + 1) * hd;
                                 let q = &mut qb[r.clone()];
                                 let (k, v) = (&mut kb[r.clone()], &mut vb[r]);
-                                gather(x, tab, dims, hi, round, [q, k, v]);
+                                gather(x, tab, dims, hi, [q, k, v]);
                                 let l = &mut l[hi * t..(hi + 1) * t];
                                 let views = [&*q, &*k, &*v].map(|y| MatRef::row_major(y, t, d));
                                 head_forward(views, t, d, oh, l, s, mul);
@@ -221,9 +226,9 @@ pub(crate) mod cpu {
     }
 
     /// One head's `[T, D]` Q, K and V out of a batch row's `[T, 3·C]` input: Q and K rotated
-    /// by RoPE, all three rounded to BF16 when `round`.
+    /// by RoPE.
     #[inline(always)]
-    fn gather(x: &[f32], tab: &[f32], dims: Dims, hi: usize, round: bool, o: [&mut [f32]; 3]) {
+    fn gather(x: &[f32], tab: &[f32], dims: Dims, hi: usize, o: [&mut [f32]; 3]) {
         let Dims { t, h, d } = dims;
         let c = h * d;
         let [q, k, v] = o;
@@ -237,13 +242,6 @@ pub(crate) mod cpu {
             rotate(at(x, 3 * c, p, hi * d, d), tab, t, p, false, qr, set);
             rotate(at(x, 3 * c, p, c + hi * d, d), tab, t, p, false, kr, set);
             vr.copy_from_slice(at(x, 3 * c, p, 2 * c + hi * d, d));
-            if round {
-                for row in [qr, kr, vr] {
-                    for y in row.iter_mut() {
-                        *y = fp_formats::round_to_bf16(*y);
-                    }
-                }
-            }
         }
     }
 
