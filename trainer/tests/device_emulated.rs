@@ -422,7 +422,7 @@ fn rl_with_sampler_on_emulated_device_resumes_on_cpu() {
 /// `rl-trainer` recipe, the gradient norm and AdamW) on the emulated device. Plan
 /// `mxfp8-nvfp4` (MXFP8 RL trainer: the quantized device linear; NVFP4 sampler on the CPU
 /// here, the sampler on the device has its own test), a KL reference and two minibatches (two
-/// AdamW updates a step). Two steps of 4 prompts x 4 completions on the device, the first then
+/// AdamW updates a step). Two steps of 8 prompts x 8 completions on the device, the first then
 /// resumed on the CPU, and the reverse, against the CPU run. Bound: one forward/backward on the
 /// device is within 2e-3 of the CPU's under BF16-dequantized operands (the whole-step bound of
 /// the tests above; MXFP8 codes equal the CPU's), the device AdamW is optim's arithmetic bit for
@@ -440,10 +440,17 @@ fn rl_update_on_emulated_device_matches_cpu_and_resumes_across_devices() {
     let tmp = tempfile::tempdir().unwrap();
     let from = add_checkpoint(tmp.path(), true);
     let plan = Plan::builtin("mxfp8-nvfp4").unwrap();
+    // 8 prompts x 8 completions: the rewards of this tiny model are rare (a few percent of
+    // completions), and a step whose groups all have uniform rewards has a zero gradient. How
+    // many succeed depends on the machine's BF16 arithmetic (the sampled tokens do), so the
+    // batch is large enough that a step with no mixed group is unlikely on any of them, and
+    // the comparison below holds either way.
     let cfg = trainer::rl::config::RlConfig {
         eval_prompts: 4,
         minibatches: 2,
         kl_coef: 0.05,
+        prompts: 8,
+        group: 8,
         ..common::tiny_rl_config(2, 2)
     };
     // step 1 on `first`, then (resumed from its checkpoint) step 2 on `second`
@@ -492,10 +499,15 @@ fn rl_update_on_emulated_device_matches_cpu_and_resumes_across_devices() {
     // the CPU-first run's first step is the CPU run's, bit for bit
     assert_eq!(sr[0].loss.to_bits(), sc[0].loss.to_bits());
     assert_eq!(sr[0].grad_norm.to_bits(), sc[0].grad_norm.to_bits());
-    // the update did something (some groups have mixed rewards)
-    assert!(sc.iter().all(|s| s.grad_norm > 0.0), "{sc:?}");
+    // the update did something (some groups have mixed rewards) in at least one step
+    assert!(sc.iter().any(|s| s.grad_norm > 0.0), "{sc:?}");
     for (a, b) in sd.iter().zip(&sc).chain([(&sr[1], &sc[1])]) {
-        let gn = ((a.grad_norm - b.grad_norm) / b.grad_norm).abs();
+        // a step without a mixed group has advantages of zero: a zero gradient on both
+        let gn = if b.grad_norm == 0.0 {
+            a.grad_norm
+        } else {
+            ((a.grad_norm - b.grad_norm) / b.grad_norm).abs()
+        };
         let dl = (a.loss - b.loss).abs();
         eprintln!(
             "rl step {}: loss {:e} vs cpu {:e}, grad norm rel {gn:.2e}",
