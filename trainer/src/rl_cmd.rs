@@ -11,6 +11,7 @@ use trainer::rl::config::RlConfig;
 use trainer::rl::correction::Correction;
 use trainer::rl::mix::{pretrain_data, MixTokenizer};
 use trainer::rl::plan::Plan;
+use crate::run_cmds::{on_pool, set_threads};
 use trainer::rl::run::{RlOptions, RlRun};
 use trainer::rl::tasks::Task;
 use trainer::train::{RunConfig, TrainOptions, Trainer};
@@ -263,20 +264,6 @@ struct RlCompareArgs {
     settings: RlSettings,
 }
 
-fn set_threads(threads: Option<usize>) -> Result<()> {
-    if let Some(n) = threads {
-        if n == 0 || n > 1024 {
-            bail!("--threads must be in 1..=1024, got {n}");
-        }
-        std::env::set_var("MATMUL_NUM_THREADS", n.to_string());
-        rayon::ThreadPoolBuilder::new()
-            .num_threads(n)
-            .build_global()
-            .context("setting up the thread pool")?;
-    }
-    Ok(())
-}
-
 /// Runs `trainer rl`.
 pub fn run_rl(args: RlArgs) -> Result<()> {
     match args.command {
@@ -330,7 +317,7 @@ fn pretrain(a: &RlRunArgs, plan: &Plan, cfg: &RlConfig, out: &Path, steps: u64) 
             stop_after: None,
         },
     )?;
-    let s = t.run()?;
+    let s = on_pool(|| t.run())?;
     eprintln!("pretraining done: validation loss {:.4}", s.final_val_loss);
     Ok(dir)
 }
@@ -412,7 +399,7 @@ fn run_rl_run(a: RlRunArgs) -> Result<()> {
     eprintln!("sampler and update {line}");
     run.set_sampler_device(dev.clone())?;
     run.set_update_device(dev)?;
-    let s = run.run()?;
+    let s = on_pool(|| run.run())?;
     println!(
         "held-out pass rate {:.3} -> {:.3} in {:.0} s; mean |dlogp| {:.3e}, k3 {:.3e}, bitwise-different {:.3}",
         s.initial_pass_rate, s.final_pass_rate, s.seconds, s.mean_abs_dlogp, s.k3, s.frac_bitwise_different

@@ -153,7 +153,7 @@ pub struct SampleArgs {
 /// The most worker threads `--threads` accepts.
 const MAX_THREADS: usize = 1024;
 
-fn set_threads(threads: Option<usize>) -> Result<()> {
+pub(crate) fn set_threads(threads: Option<usize>) -> Result<()> {
     if let Some(n) = threads {
         if n == 0 || n > MAX_THREADS {
             bail!("--threads must be in 1..={MAX_THREADS}, got {n}");
@@ -166,6 +166,16 @@ fn set_threads(threads: Option<usize>) -> Result<()> {
             .context("setting up the thread pool")?;
     }
     Ok(())
+}
+
+/// Runs `f` on a thread of the global rayon pool while the caller waits. Training code run from
+/// a thread outside the pool hands each of a step's hundreds of parallel regions to the pool
+/// and sleeps until it is done, so every region waits for sleeping threads to wake (65 us to
+/// 1.9 ms each on the 2-vCPU VMs this project runs on, `bench steps`' `step/wake_probe/us`);
+/// on one of the pool's threads it does its share of each region itself, as `bench step`
+/// measures it.
+pub(crate) fn on_pool<R: Send>(f: impl FnOnce() -> R + Send) -> R {
+    rayon::scope(|_| f())
 }
 
 fn parse_data(spec: &str, vocab: usize) -> Result<DataSource> {
@@ -379,7 +389,7 @@ pub fn run_train(args: TrainArgs) -> Result<()> {
     println!("{line}");
     tr.set_device(dev)?;
     let out = tr.out_dir().to_path_buf();
-    let s = match tr.run() {
+    let s = match on_pool(|| tr.run()) {
         Ok(s) => s,
         Err(e) => {
             let e = anyhow::Error::from(e);
@@ -427,9 +437,11 @@ pub fn run_compare(args: CompareArgs) -> Result<()> {
         command: std::env::args().skip(2).map(|a| format!(" {a}")).collect(),
         device,
     };
-    let outcome = match cmp.run(|event| match event {
-        CompareEvent::Failed { .. } => eprintln!("{event}"),
-        _ => println!("{event}"),
+    let outcome = match on_pool(|| {
+        cmp.run(|event| match event {
+            CompareEvent::Failed { .. } => eprintln!("{event}"),
+            _ => println!("{event}"),
+        })
     }) {
         Ok(o) => o,
         Err(e @ CompareError::Train(TrainError::Stopped { .. })) => {
