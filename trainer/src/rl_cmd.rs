@@ -3,6 +3,7 @@
 use std::path::{Path, PathBuf};
 use std::process::Command as Process;
 
+use crate::run_cmds::{on_pool, set_threads};
 use anyhow::{bail, Context, Result};
 use clap::{Args, Subcommand};
 use trainer::recipe::Recipe;
@@ -11,7 +12,6 @@ use trainer::rl::config::RlConfig;
 use trainer::rl::correction::Correction;
 use trainer::rl::mix::{pretrain_data, MixTokenizer};
 use trainer::rl::plan::Plan;
-use crate::run_cmds::{on_pool, set_threads};
 use trainer::rl::run::{RlOptions, RlRun};
 use trainer::rl::tasks::Task;
 use trainer::train::{RunConfig, TrainOptions, Trainer};
