@@ -20,7 +20,7 @@ use quant::gemm::{sgemm, MatRef};
 use quant::qgemm::{quantized_matmul_tn, Operand};
 use quant::{GemmPolicy, OperandQuant, Quantizer, RngKey, Usage};
 
-use crate::harness::{run_rounds, Case, Clock};
+use crate::harness::{pool, run_rounds, Case, Clock};
 use crate::kernels::data;
 use crate::metric::{Better, Metric};
 use crate::peak::{peak_gflops, Unit};
@@ -64,9 +64,7 @@ pub fn suite(threads: usize, rounds: usize) -> Result<Vec<Metric>> {
         Some(Bf16Arithmetic::Pairs) => Unit::Dpbf16,
         None => Unit::Fma, // BF16 operands multiply on the f32 GEMM
     };
-    let pool = rayon::ThreadPoolBuilder::new()
-        .num_threads(threads)
-        .build()?;
+    let pool = pool(threads)?;
     for &(name, m, n, k) in SHAPES {
         let a = data(m * k, 21);
         let b = data(n * k, 22);

@@ -253,6 +253,14 @@ impl Rounds {
     }
 }
 
+/// A rayon pool of `threads` threads (each measurement that compares thread counts runs its
+/// sides on pools of its own, not on the global one).
+pub fn pool(threads: usize) -> anyhow::Result<rayon::ThreadPool> {
+    Ok(rayon::ThreadPoolBuilder::new()
+        .num_threads(threads)
+        .build()?)
+}
+
 /// Median and interquartile range over the median of `v` (spread 0 for fewer than 2 values).
 pub fn median_and_spread(v: &[f64]) -> (f64, f64) {
     assert!(!v.is_empty(), "no samples");

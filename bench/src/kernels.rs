@@ -22,7 +22,7 @@ use quant::{
 };
 
 use crate::calibrate;
-use crate::harness::{run_against, run_rounds, Case, Clock};
+use crate::harness::{pool, run_against, run_rounds, Case, Clock};
 use crate::metric::{Basis, Better, Metric};
 use crate::peak;
 
@@ -40,12 +40,6 @@ pub fn data(n: usize, seed: u64) -> Vec<f32> {
             ((s as f32 / 65536.0) - 2.0) * 3.0f32.sqrt()
         })
         .collect()
-}
-
-fn pool(threads: usize) -> Result<rayon::ThreadPool> {
-    Ok(rayon::ThreadPoolBuilder::new()
-        .num_threads(threads)
-        .build()?)
 }
 
 /// The NVFP4 operand configurations of the paper recipe.
@@ -394,7 +388,7 @@ fn thread_scaling(rounds: usize, rows: usize, cols: usize, out: &mut Vec<Metric>
         })
     };
     // the host's second core, timed in the same rounds (two units of about 5 ms each)
-    let iters = peak::scaling_iters(0.005);
+    let iters = peak::scaling_iters(0.005)?;
     let mut cases = [
         Case::new("row_1t", || row(&p1)),
         Case::new("row_2t", || row(&p2)),

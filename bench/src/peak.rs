@@ -8,6 +8,8 @@ use std::time::Instant;
 
 use rayon::prelude::*;
 
+use crate::harness::pool;
+
 /// An instruction whose peak is probed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Unit {
@@ -50,9 +52,7 @@ pub fn peak_gflops(unit: Unit, threads: usize, secs: f64) -> anyhow::Result<Opti
     let one = probe(unit, iters).unwrap_or(0.0);
     let per_call = t0.elapsed().as_secs_f64();
     let reps = ((secs / per_call) as usize).max(1);
-    let pool = rayon::ThreadPoolBuilder::new()
-        .num_threads(threads)
-        .build()?;
+    let pool = pool(threads)?;
     let best = pool.install(|| {
         (0..3)
             .map(|_| {
@@ -93,17 +93,17 @@ pub fn scaling_work(pool: &rayon::ThreadPool, units: usize, iters: usize) {
 }
 
 /// Rounds of [`scaling_work`] for one unit to take about `secs` on this thread.
-pub fn scaling_iters(secs: f64) -> usize {
-    let one = rayon::ThreadPoolBuilder::new().num_threads(1).build();
-    let Ok(one) = one else { return 1 << 16 };
+pub fn scaling_iters(secs: f64) -> anyhow::Result<usize> {
+    let one = pool(1)?;
     let mut iters = 1usize << 10;
     loop {
         let t = Instant::now();
         scaling_work(&one, 1, iters);
         let took = t.elapsed().as_secs_f64();
         if took > secs / 4.0 || iters >= 1 << 30 {
-            return ((iters as f64) * secs / took.max(1e-9)).clamp(1.0, (1u64 << 32) as f64)
-                as usize;
+            return Ok(
+                ((iters as f64) * secs / took.max(1e-9)).clamp(1.0, (1u64 << 32) as f64) as usize,
+            );
         }
         iters *= 4;
     }

@@ -15,7 +15,7 @@ use serde::{Deserialize, Serialize};
 use trainer::recipe::Recipe;
 use trainer::train::{RunConfig, TrainOptions, Trainer};
 
-use crate::harness::{median_and_spread, Rounds};
+use crate::harness::{median_and_spread, pool, Rounds};
 use crate::metric::{Basis, Better, Metric};
 use crate::peak;
 
@@ -52,10 +52,7 @@ pub fn child(
     }
     // Read by matrixmultiply at its first GEMM, which has not happened yet in this process.
     std::env::set_var("MATMUL_NUM_THREADS", threads.to_string());
-    let pool = rayon::ThreadPoolBuilder::new()
-        .num_threads(threads)
-        .build()?;
-    pool.install(|| {
+    pool(threads)?.install(|| {
         let cfg = RunConfig::preset(preset)?;
         let tokens_per_step = cfg.tokens_per_step();
         let mut trainers = Vec::new();
@@ -128,7 +125,7 @@ pub fn suite(rounds: usize, scaling_rounds: usize) -> Result<Vec<Metric>> {
     // After each pair of children, the host's second core: the same register-only work on a
     // 1-thread and a 2-thread pool (two units of about 50 ms each).
     let pools = [pool(1)?, pool(2)?];
-    let iters = peak::scaling_iters(0.05);
+    let iters = peak::scaling_iters(0.05)?;
     let mut per = [Vec::new(), Vec::new()];
     let mut probe = [Vec::new(), Vec::new()];
     for round in 0..scaling_rounds {
@@ -239,10 +236,4 @@ fn per_recipe(preset: &str, rounds: usize, gated: bool) -> Result<(Vec<Metric>, 
         });
     }
     Ok((out, what))
-}
-
-fn pool(threads: usize) -> Result<rayon::ThreadPool> {
-    Ok(rayon::ThreadPoolBuilder::new()
-        .num_threads(threads)
-        .build()?)
 }
