@@ -5,10 +5,11 @@
 //! [`Graph::causal_attention`] → `merge_heads`), so every output and gradient is bit for bit
 //! that chain's; only the layout work is gone. Per batch row and head, the forward reads the
 //! head's Q, K and V rows out of the `[T, 3, H, D]` input, rotates Q and K into one
-//! contiguous `[T, D]` buffer each (kept for the backward), runs the fused attention kernel, and writes the head's output into its columns of `[T, H·D]`. The backward
-//! reads `dO` and `O` in place through strided views, runs the attention backward into
-//! per-head scratch, and writes `dQ` and `dK` rotated back (RoPE's backward) and `dV` into the
-//! head's columns of `dQKV`. Batch rows run in parallel, the heads of one row in order, so the
+//! contiguous `[T, D]` buffer each (kept for the backward), runs the fused attention kernel,
+//! and writes the head's output into its columns of `[T, H·D]`. The backward reads `dO` and
+//! `O` in place through strided views, runs the attention backward into per-head scratch, and
+//! writes `dQ` and `dK` rotated back (RoPE's backward) and `dV` into the head's columns of
+//! `dQKV`. Batch rows run in parallel, the heads of one row in order, so the
 //! results do not depend on the number of threads.
 //!
 //! With BF16 attention the chain rounds Q, K and V to BF16 before the products; here they stay

@@ -72,6 +72,11 @@ pub fn second_core_probe(name: &str) -> String {
     format!("{group}/fma_probe/speedup_2t")
 }
 
+/// Whether `name` is a probe of the host's second core (`<group>/fma_probe/speedup_2t`).
+pub fn is_second_core_probe(name: &str) -> bool {
+    name == second_core_probe(name)
+}
+
 /// For a 2-thread speed-up in `metrics`, the probe of its rounds when that shows a host short
 /// of a whole second core (a NaN probe counts as short); `None` for other metrics, for a
 /// full second core, or without a probe.

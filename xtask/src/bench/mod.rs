@@ -55,7 +55,8 @@ use serde_json::json;
 use crate::venv::run_cmd;
 use crate::workspace_root;
 use baseline::{
-    compare, derive_tolerances, second_core_probe, Baseline, Calibration, Derived, Machine, Verdict,
+    compare, derive_tolerances, is_second_core_probe, Baseline, Calibration, Derived, Machine,
+    Verdict,
 };
 use confirm::Source;
 use metric::{Metric, SuiteReport};
@@ -321,7 +322,7 @@ pub fn run(args: &[String]) -> Result<()> {
         // speed-ups' medians were measured on whole cores
         let mut probes: std::collections::BTreeMap<String, f64> = metrics
             .iter()
-            .filter(|m| m.name == second_core_probe(&m.name))
+            .filter(|m| is_second_core_probe(&m.name))
             .map(|m| (m.name.clone(), m.value))
             .collect();
         for run in 2..=opts.runs {
