@@ -43,7 +43,6 @@ fn main() {
         .nth(1)
         .and_then(|s| s.parse().ok())
         .unwrap_or(20);
-    std::env::set_var("MATMUL_NUM_THREADS", "2");
     let only = std::env::var("ONLY").ok();
     let p = GemmPolicy::nvfp4_paper();
     let (t, d, h) = (2048, 256, 768);

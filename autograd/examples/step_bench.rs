@@ -15,8 +15,9 @@
 //! step s + 1, ...), so that a load change on a shared machine hits them alike. Times are
 //! medians over the measured steps ("best" is the fastest step); tokens/s is from the median;
 //! "ratio" is the median step time over that of the first policy listed (FP32 by default).
-//! Threads: `--threads` sets both the rayon pool and `MATMUL_NUM_THREADS` (matrixmultiply,
-//! capped at 4 by the crate).
+//! Threads: `--threads` sets the rayon pool, on which every kernel runs (the f32 GEMM too);
+//! each step runs with the pool's other threads polling for work
+//! (`autograd::with_polling_workers`), as the trainer's steps do.
 
 #[path = "gpt/mod.rs"]
 mod gpt;
@@ -88,10 +89,6 @@ fn median(v: &mut [f64]) -> f64 {
 
 fn main() -> Result<(), BoxError> {
     let a = parse()?;
-    // matrixmultiply reads MATMUL_NUM_THREADS once, at its first GEMM
-    if std::env::var_os("MATMUL_NUM_THREADS").is_none() {
-        std::env::set_var("MATMUL_NUM_THREADS", a.threads.to_string());
-    }
     // Run the whole loop on a worker of the pool: parallel ops then split work with the
     // calling thread instead of waking the pool from outside and leaving it spinning.
     let pool = rayon::ThreadPoolBuilder::new()
@@ -162,26 +159,30 @@ fn run(a: &Args) -> Result<(), BoxError> {
     for step in 0..a.warmup + a.steps {
         for r in runs.iter_mut() {
             let t0 = Instant::now();
-            let mut g = Graph::new(&mut r.ps).with_rng(0, step as u64);
-            let last = step + 1 == a.warmup + a.steps;
-            if a.profile && last {
-                g.enable_profiling();
-            }
-            let loss = r
-                .model
-                .loss(&mut g, tokens, targets, a.batch, &r.policy, &r.head)?;
-            r.last_loss = g.item(loss)?;
-            let t1 = Instant::now();
-            g.backward(loss)?;
-            if let (true, Some(p)) = (last, g.profile()) {
-                println!("{}, last step:\n{p}", r.name);
-            }
-            drop(g);
-            let t2 = Instant::now();
-            let (mut values, grads) = r.ps.params_and_grads();
-            r.opt.step(&mut values, &grads, 1e-3)?;
-            r.ps.zero_grad();
-            r.ps.end_quant_step()?;
+            let mut one = || -> Result<(Instant, Instant), BoxError> {
+                let mut g = Graph::new(&mut r.ps).with_rng(0, step as u64);
+                let last = step + 1 == a.warmup + a.steps;
+                if a.profile && last {
+                    g.enable_profiling();
+                }
+                let loss = r
+                    .model
+                    .loss(&mut g, tokens, targets, a.batch, &r.policy, &r.head)?;
+                r.last_loss = g.item(loss)?;
+                let t1 = Instant::now();
+                g.backward(loss)?;
+                if let (true, Some(p)) = (last, g.profile()) {
+                    println!("{}, last step:\n{p}", r.name);
+                }
+                drop(g);
+                let t2 = Instant::now();
+                let (mut values, grads) = r.ps.params_and_grads();
+                r.opt.step(&mut values, &grads, 1e-3)?;
+                r.ps.zero_grad();
+                r.ps.end_quant_step()?;
+                Ok((t1, t2))
+            };
+            let (t1, t2) = autograd::with_polling_workers(&mut one)?;
             let t3 = Instant::now();
             if step >= a.warmup {
                 let d = [t1 - t0, t2 - t1, t3 - t2, t3 - t0];

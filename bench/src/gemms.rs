@@ -1,5 +1,5 @@
-//! GEMMs against the peaks of their instructions (`peak`): the f32 GEMM (matrixmultiply,
-//! FP32 FMA), the GEMM of two BF16 operands as training runs it
+//! GEMMs against the peaks of their instructions (`peak`): the f32 GEMM (matrixmultiply's
+//! kernel on bands of the output, FP32 FMA), the GEMM of two BF16 operands as training runs it
 //! (`quant::gemm::bf16::quantized_gemm_tn`: the AMX-BF16 tile unit or AVX512-BF16
 //! `vdpbf16ps` where present, the f32 GEMM elsewhere, not the portable models of their
 //! arithmetics that serve the tests) and
@@ -9,8 +9,8 @@
 //! timed against the least memory traffic of any GEMM of its f32 tensors (one pass reading
 //! both operands and writing the output, `of_traffic`): at the shapes of training, whose K is
 //! small, that traffic rather than the arithmetic bounds the BF16 units, and `of_roofline`
-//! takes the larger of the two fractions. One process per thread count (matrixmultiply reads
-//! `MATMUL_NUM_THREADS` once per process); every figure here is reported, not gated.
+//! takes the larger of the two fractions. One process per thread count; every figure here is
+//! reported, not gated.
 
 use std::hint::black_box;
 
@@ -38,7 +38,7 @@ pub const SHAPES: &[(&str, usize, usize, usize)] = &[
     ("base_wgrad_up", 688, 256, 2048),
 ];
 
-/// The suite on `threads` threads (set `MATMUL_NUM_THREADS` before calling).
+/// The suite on a pool of `threads` threads.
 pub fn suite(threads: usize, rounds: usize) -> Result<Vec<Metric>> {
     let mut out = Vec::new();
     let mut peaks = Vec::new();

@@ -3,8 +3,8 @@
 //! pass over the same bytes, and 2-thread over 1-thread speed-ups; plus the single kernels
 //! that `cargo xtask bench` runs under callgrind.
 //!
-//! Everything but the thread-scaling cases runs on one thread (a one-thread rayon pool and
-//! `MATMUL_NUM_THREADS=1`) and is timed on the process CPU clock, so the gated ratios depend
+//! Everything but the thread-scaling cases runs on one thread (a one-thread rayon pool, which
+//! the f32 GEMM uses too) and is timed on the process CPU clock, so the gated ratios depend
 //! little on how busy the machine is; the thread-scaling cases are timed on the wall clock.
 
 use std::hint::black_box;

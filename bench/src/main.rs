@@ -95,7 +95,7 @@ enum Cmd {
     /// FP32 FMA, BF16 dot-product and AMX-BF16 peaks, and the f32 and BF16 GEMMs on the
     /// training shapes as fractions of them (reported, not gated).
     Gemms {
-        /// Threads (rayon pool and matrixmultiply).
+        /// Threads (the rayon pool every kernel runs on).
         #[arg(long, default_value_t = 1)]
         threads: usize,
         /// Paired rounds.
@@ -229,8 +229,6 @@ fn main() -> Result<()> {
             json,
             inject_slowdown,
         } => {
-            // One-thread GEMMs: set before this process's first GEMM.
-            std::env::set_var("MATMUL_NUM_THREADS", "1");
             let metrics = kernels::suite(rounds.max(1), &inject_slowdown)?;
             write(
                 &SuiteReport {
@@ -267,8 +265,6 @@ fn main() -> Result<()> {
             json,
         } => {
             anyhow::ensure!((1..=256).contains(&threads), "--threads must be in 1..=256");
-            // Read by matrixmultiply at this process's first GEMM.
-            std::env::set_var("MATMUL_NUM_THREADS", threads.to_string());
             let metrics = gemms::suite(threads, rounds.max(1))?;
             write(
                 &SuiteReport {

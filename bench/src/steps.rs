@@ -4,8 +4,8 @@
 //! Recipes are compared inside one process: a trainer per recipe, then rounds in which every
 //! trainer takes one step, in an order that rotates from round to round, so each gated ratio
 //! (recipe step time / FP32 step time) comes from steps taken within about a second of each
-//! other. Thread scaling needs separate processes (matrixmultiply reads
-//! `MATMUL_NUM_THREADS` once per process), so 1-thread and 2-thread FP32 children alternate.
+//! other. For thread scaling, 1-thread and 2-thread FP32 children (a process each, with its own
+//! pool and allocator state) alternate.
 
 use std::process::Command;
 use std::time::Instant;
@@ -28,7 +28,7 @@ pub const PRESET: &str = "small";
 /// What a child prints (one JSON line on stdout).
 #[derive(Debug, Serialize, Deserialize)]
 pub struct ChildResult {
-    /// Threads (rayon pool and matrixmultiply).
+    /// Threads (the rayon pool every kernel runs on).
     pub threads: usize,
     /// Tokens per optimizer step.
     pub tokens_per_step: u64,
@@ -50,8 +50,6 @@ pub fn child(
     if threads == 0 || rounds == 0 || recipes.is_empty() {
         bail!("need at least one recipe, thread and round");
     }
-    // Read by matrixmultiply at its first GEMM, which has not happened yet in this process.
-    std::env::set_var("MATMUL_NUM_THREADS", threads.to_string());
     pool(threads)?.install(|| {
         let cfg = RunConfig::preset(preset)?;
         let tokens_per_step = cfg.tokens_per_step();
@@ -103,7 +101,6 @@ fn run_child(
         .args(["--threads", &threads.to_string()])
         .args(["--warmup", &warmup.to_string()])
         .args(["--rounds", &rounds.to_string()])
-        .env_remove("MATMUL_NUM_THREADS")
         .output()
         .context("starting a step child")?;
     if !out.status.success() {

@@ -158,8 +158,6 @@ pub(crate) fn set_threads(threads: Option<usize>) -> Result<()> {
         if n == 0 || n > MAX_THREADS {
             bail!("--threads must be in 1..={MAX_THREADS}, got {n}");
         }
-        // matrixmultiply reads this when its first GEMM runs
-        std::env::set_var("MATMUL_NUM_THREADS", n.to_string());
         rayon::ThreadPoolBuilder::new()
             .num_threads(n)
             .build_global()

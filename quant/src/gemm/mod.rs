@@ -1,7 +1,9 @@
-//! The one f32 GEMM every CPU matmul in Nibble goes through (`matrixmultiply`, multithreaded,
+//! The one f32 GEMM every CPU matmul in Nibble goes through (`matrixmultiply`'s kernels,
 //! arbitrary strides so transposes are free), behind a small safe wrapper.
 //!
-//! Threads: `matrixmultiply` reads `MATMUL_NUM_THREADS` (default: all cores).
+//! Threads: the current rayon pool's. A large product is split into bands of the output,
+//! one per thread, each multiplied by `matrixmultiply` on its own thread (its own threading
+//! is not built in), so every parallel kernel of a training step runs on one pool.
 //!
 //! [`bf16`] is the BF16 GEMM (BF16 operands, FP32 accumulation) of the quantized recipes, on
 //! the AMX-BF16 tile unit or the AVX512-BF16 dot-product instruction where the CPU has one.
@@ -14,6 +16,8 @@ mod dpbf16;
 pub(crate) mod pack;
 #[cfg(target_arch = "x86_64")]
 mod pack_avx512;
+
+use rayon::prelude::*;
 
 pub use crate::matrix::MatRef;
 
@@ -59,23 +63,106 @@ pub fn sgemm(alpha: f32, a: MatRef<'_>, b: MatRef<'_>, beta: f32, c: &mut [f32])
         }
         return;
     }
-    // SAFETY: the views were checked to lie inside their slices, `c` holds exactly m*n
-    // elements with row stride n, and `c` does not alias `a` or `b` (it is borrowed mutably).
+    let bands = bands(m, n, k);
+    if bands <= 1 {
+        // SAFETY: the views were checked to lie inside their slices, `c` holds exactly m*n
+        // elements with row stride n, and `c` does not alias `a` or `b` (it is borrowed
+        // mutably).
+        unsafe { band(alpha, (a, b), beta, (0, m), (0, n), c.as_mut_ptr(), n) };
+        return;
+    }
+    // Bands along the longer of M and N, one task each on the rayon pool, each starting at
+    // a multiple of BAND_ALIGN. `matrixmultiply` computes an element the same way wherever
+    // it lies except in a partial register tile (its masked path rounds `alpha · AB` and
+    // `beta · C` separately); register tiles (at most 16 x 16) are laid from the start of
+    // each call, so aligned bands have partial tiles only where the whole product has them,
+    // and the bits do not depend on the banding (the tests compare them).
+    let along_m = m >= n;
+    let len = if along_m { m } else { n };
+    let per = len.div_ceil(bands).next_multiple_of(BAND_ALIGN);
+    let bands = len.div_ceil(per);
+    let out = OutPtr(c.as_mut_ptr());
+    (0..bands).into_par_iter().for_each(|i| {
+        let (lo, hi) = (i * per, ((i + 1) * per).min(len));
+        if lo >= hi {
+            return;
+        }
+        let (rows, cols) = if along_m {
+            ((lo, hi), (0, n))
+        } else {
+            ((0, m), (lo, hi))
+        };
+        // SAFETY: as above; the tasks' bands of `c` are disjoint (rows or columns `lo..hi`),
+        // and `c` outlives the parallel loop.
+        unsafe { band(alpha, (a, b), beta, rows, cols, out.get(), n) };
+    });
+}
+
+/// Smallest product (multiply-adds) worth splitting across the pool's threads.
+const PARALLEL_MIN_MACS: usize = 1 << 22;
+
+/// Band boundaries are multiples of this (a multiple of every `matrixmultiply` register
+/// tile's rows and columns).
+const BAND_ALIGN: usize = 64;
+
+/// Bands of the output to compute in parallel: one per thread of the current rayon pool
+/// when the product is big enough (at most one per `BAND_ALIGN` rows or columns).
+fn bands(m: usize, n: usize, k: usize) -> usize {
+    let threads = rayon::current_num_threads();
+    if threads <= 1 || m.saturating_mul(n).saturating_mul(k) < PARALLEL_MIN_MACS {
+        return 1;
+    }
+    threads.min(m.max(n) / BAND_ALIGN).max(1)
+}
+
+/// The output pointer, shared by the band tasks (each writes its own elements).
+#[derive(Clone, Copy)]
+struct OutPtr(*mut f32);
+// SAFETY: the tasks write disjoint elements through it while the caller holds `c`.
+unsafe impl Send for OutPtr {}
+unsafe impl Sync for OutPtr {}
+
+impl OutPtr {
+    fn get(self) -> *mut f32 {
+        self.0
+    }
+}
+
+/// Rows `r0..r1` and columns `j0..j1` of `C = alpha · A · B + beta · C`, `C` row-major at
+/// `c` with row stride `ldc`, on this thread.
+///
+/// # Safety
+/// The views must fit their storage, `c` must hold the `[m, ldc]` output, and no other
+/// thread may touch the band's elements meanwhile.
+#[inline]
+unsafe fn band(
+    alpha: f32,
+    (a, b): (MatRef<'_>, MatRef<'_>),
+    beta: f32,
+    (r0, r1): (usize, usize),
+    (j0, j1): (usize, usize),
+    c: *mut f32,
+    ldc: usize,
+) {
+    let (ar, ac) = (a.row_stride as isize, a.col_stride as isize);
+    let (br, bc) = (b.row_stride as isize, b.col_stride as isize);
+    // SAFETY: (caller) row r0 of A and column j0 of B lie in their views, element (r0, j0)
+    // in C.
     unsafe {
         matrixmultiply::sgemm(
-            m,
-            k,
-            n,
+            r1 - r0,
+            a.cols,
+            j1 - j0,
             alpha,
-            a.data.as_ptr(),
-            a.row_stride as isize,
-            a.col_stride as isize,
-            b.data.as_ptr(),
-            b.row_stride as isize,
-            b.col_stride as isize,
+            a.data.as_ptr().add(r0 * a.row_stride),
+            ar,
+            ac,
+            b.data.as_ptr().add(j0 * b.col_stride),
+            br,
+            bc,
             beta,
-            c.as_mut_ptr(),
-            n as isize,
+            c.add(r0 * ldc + j0),
+            ldc as isize,
             1,
         );
     }
@@ -91,4 +178,61 @@ pub fn matmul_tn(a: &[f32], b: &[f32], m: usize, n: usize, k: usize, out: &mut [
         0.0,
         out,
     );
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pseudo(n: usize, seed: u32) -> Vec<f32> {
+        let mut s = seed.wrapping_mul(747_796_405).wrapping_add(1);
+        (0..n)
+            .map(|_| {
+                s = s.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
+                (s >> 8) as f32 / (1u32 << 24) as f32 * 4.0 - 2.0
+            })
+            .collect()
+    }
+
+    /// The product split into bands on pools of 2-4 threads has the bits of the one call
+    /// on one thread: shapes banded along M and along N, with partial register tiles at the
+    /// ends, K over several of the kernel's K blocks, alpha != 1, both betas, transposed
+    /// views.
+    #[test]
+    fn banded_products_have_the_bits_of_one_call() {
+        let shapes = [
+            (1000, 77, 600),
+            (77, 1000, 600),
+            (300, 200, 1100),
+            (129, 130, 64),
+        ];
+        for (m, n, k) in shapes {
+            assert!(bands(m, n, k) == 1 || m * n * k >= PARALLEL_MIN_MACS);
+            let a = pseudo(m * k, 1);
+            let bt = pseudo(n * k, 2); // B stored transposed: [n, k]
+            let c0 = pseudo(m * n, 3);
+            let av = MatRef::row_major(&a, m, k);
+            let bv = MatRef::row_major(&bt, n, k).t();
+            for (alpha, beta) in [(1.0, 0.0), (0.37, 1.0)] {
+                let run = |threads: usize| {
+                    let pool = rayon::ThreadPoolBuilder::new()
+                        .num_threads(threads)
+                        .build()
+                        .unwrap();
+                    let mut c = c0.clone();
+                    pool.install(|| sgemm(alpha, av, bv, beta, &mut c));
+                    c.iter().map(|x| x.to_bits()).collect::<Vec<u32>>()
+                };
+                let one = run(1);
+                for threads in [2, 3, 4] {
+                    assert!(
+                        run(threads) == one,
+                        "[{m}, {k}] x [{k}, {n}], alpha {alpha}, beta {beta}, {threads} threads"
+                    );
+                }
+            }
+        }
+        // the splits are aligned and cover the product
+        assert_eq!(bands(1000, 77, 600), rayon::current_num_threads().min(15));
+    }
 }

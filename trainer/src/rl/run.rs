@@ -539,8 +539,14 @@ impl RlRun {
         }
     }
 
-    /// One step (see the module docs).
+    /// One step (see the module docs). The other threads of the rayon pool it runs on poll
+    /// for its parallel work meanwhile ([`autograd::with_polling_workers`]).
     pub fn train_step(&mut self) -> Result<StepRecord, RlError> {
+        autograd::with_polling_workers(|| self.compute_step())
+    }
+
+    /// [`RlRun::train_step`]'s work.
+    fn compute_step(&mut self) -> Result<StepRecord, RlError> {
         let t0 = Instant::now();
         let step_no = self.step + 1;
         let cfg = self.cfg.clone();

@@ -51,9 +51,16 @@ impl Trainer {
     }
 
     /// One optimizer step (every micro-batch's forward and backward, clipping, AdamW):
-    /// returns its [`StepOutcome`], or the divergence error (nothing applied). [`Trainer::run`] calls it in its loop; benchmarks call it directly. It writes
-    /// nothing to disk.
+    /// returns its [`StepOutcome`], or the divergence error (nothing applied). [`Trainer::run`]
+    /// calls it in its loop; benchmarks call it directly. It writes nothing to disk. The
+    /// other threads of the rayon pool it runs on poll for its parallel work meanwhile
+    /// ([`autograd::with_polling_workers`]).
     pub fn train_step(&mut self) -> Result<StepOutcome, TrainError> {
+        autograd::with_polling_workers(|| self.compute_step())
+    }
+
+    /// [`Trainer::train_step`]'s work.
+    fn compute_step(&mut self) -> Result<StepOutcome, TrainError> {
         let accum = self.cfg.train.grad_accum;
         let progress = self.progress();
         let mut loss_sum = 0.0f64;
