@@ -17,7 +17,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 /// `f`.
 ///
 /// Meant for the compute-bound stretch of a training step on a pool the caller owns
-/// (the trainer's and the benchmarks' pools), not for long waits on I/O.
+/// (the trainer's and the benchmarks' pools), with no other work in flight on it, and not
+/// for long waits on I/O: a thread that takes its poller while it waits inside some other
+/// job stays in the poller until `f` returns.
 ///
 /// ```
 /// use rayon::prelude::*;
