@@ -520,17 +520,17 @@ pub fn run_sample(args: SampleArgs) -> Result<()> {
     };
     let prompt = tok.encode(&args.prompt)?;
     let stop = stop_tokens(&tok, &args.stop)?;
-    let out = s.generate(
-        &prompt,
-        &SampleConfig {
-            tokens: args.tokens,
-            temperature: args.temperature,
-            top_k: args.top_k,
-            top_p: args.top_p,
-            stop,
-            seed: args.seed,
-        },
-    )?;
+    let cfg = SampleConfig {
+        tokens: args.tokens,
+        temperature: args.temperature,
+        top_k: args.top_k,
+        top_p: args.top_p,
+        stop,
+        seed: args.seed,
+    };
+    // decoding is hundreds of tiny parallel regions per token: on a pool thread, with the
+    // pool's other threads polling for them
+    let out = on_pool(|| autograd::with_polling_workers(|| s.generate(&prompt, &cfg)))?;
     if args.ids {
         let ids: Vec<String> = prompt.iter().chain(&out).map(u32::to_string).collect();
         println!("{}", ids.join(" "));
