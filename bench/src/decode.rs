@@ -40,7 +40,7 @@ fn gen(tokens: usize) -> GenConfig {
 /// Runs the measurements, prints a small table and returns the metrics (all reported).
 pub fn suite(rounds: usize) -> Result<Vec<Metric>> {
     let cfg = ModelConfig::preset("small")?;
-    // autograd's ParamStore, named through trainer's API (bench does not depend on autograd)
+    // autograd's ParamStore, named through trainer's API
     let mut ps = Default::default();
     let model = Gpt::new(&mut ps, cfg, 1)?;
     let prompt: Vec<u32> = "\nOnce, there was".bytes().map(u32::from).collect();
@@ -52,32 +52,37 @@ pub fn suite(rounds: usize) -> Result<Vec<Metric>> {
     let mut nvfp4 = PolicySampler::new(&model, &ps, nv, ActivationScales::Static, &calib)?;
     let batch: Vec<Vec<u32>> = vec![prompt.clone(); ROWS];
     let (mut full_s, mut cache_s, mut bf_s, mut nv_s) = (vec![], vec![], vec![], vec![]);
-    for round in 0..rounds {
-        // one sequence, n tokens: full recomputation (a fresh prefill of the whole context
-        // for every token, greedy), through the sampler's own forward
-        let t = Instant::now();
-        let mut ctx = prompt.clone();
-        for _ in 0..n {
-            let mut cache = KvCache::new(&cached.model().cfg, 1, ctx.len())?;
-            let v = cached.forward(&ctx, 1, &mut cache, None)?;
-            let last = &v[v.len() - 256..];
-            let next = (0..256)
-                .max_by(|&a, &b| last[a].total_cmp(&last[b]))
-                .unwrap_or(0);
-            ctx.push(next as u32);
+    // the pool's other threads poll for the decoding's tiny parallel regions, as they do in
+    // the trainer's sampling
+    autograd::with_polling_workers(|| -> Result<()> {
+        for round in 0..rounds {
+            // one sequence, n tokens: full recomputation (a fresh prefill of the whole context
+            // for every token, greedy), through the sampler's own forward
+            let t = Instant::now();
+            let mut ctx = prompt.clone();
+            for _ in 0..n {
+                let mut cache = KvCache::new(&cached.model().cfg, 1, ctx.len())?;
+                let v = cached.forward(&ctx, 1, &mut cache, None)?;
+                let last = &v[v.len() - 256..];
+                let next = (0..256)
+                    .max_by(|&a, &b| last[a].total_cmp(&last[b]))
+                    .unwrap_or(0);
+                ctx.push(next as u32);
+            }
+            full_s.push(t.elapsed().as_secs_f64());
+            let t = Instant::now();
+            cached.generate(std::slice::from_ref(&prompt), &gen(n), round as u64)?;
+            cache_s.push(t.elapsed().as_secs_f64());
+            // ROWS rows x n tokens: BF16 and NVFP4 samplers
+            let t = Instant::now();
+            batch_run(&mut cached, &batch, n, round)?;
+            bf_s.push(t.elapsed().as_secs_f64());
+            let t = Instant::now();
+            batch_run(&mut nvfp4, &batch, n, round)?;
+            nv_s.push(t.elapsed().as_secs_f64());
         }
-        full_s.push(t.elapsed().as_secs_f64());
-        let t = Instant::now();
-        cached.generate(std::slice::from_ref(&prompt), &gen(n), round as u64)?;
-        cache_s.push(t.elapsed().as_secs_f64());
-        // ROWS rows x n tokens: BF16 and NVFP4 samplers
-        let t = Instant::now();
-        batch_run(&mut cached, &batch, n, round)?;
-        bf_s.push(t.elapsed().as_secs_f64());
-        let t = Instant::now();
-        batch_run(&mut nvfp4, &batch, n, round)?;
-        nv_s.push(t.elapsed().as_secs_f64());
-    }
+        Ok(())
+    })?;
     let ratios =
         |a: &[f64], b: &[f64]| -> Vec<f64> { a.iter().zip(b).map(|(x, y)| x / y).collect() };
     let (f, c) = (median(full_s.clone()), median(cache_s.clone()));

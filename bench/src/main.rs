@@ -211,7 +211,8 @@ fn main() -> Result<()> {
             Ok(())
         }
         Cmd::Decode { rounds, json } => {
-            let metrics = decode::suite(rounds.max(1))?;
+            // on a thread of the pool, as the trainer decodes (`trainer sample`, `rl`)
+            let metrics = rayon::scope(|_| decode::suite(rounds.max(1)))?;
             if json.is_none() {
                 return Ok(());
             }
