@@ -416,8 +416,14 @@ impl RlRun {
     }
 
     /// Held-out pass rates of the current policy (BF16 copy): greedy, and one sample per
-    /// prompt at temperature 1 (seed 0).
+    /// prompt at temperature 1 (seed 0). Like [`RlRun::train_step`], it runs with the pool's
+    /// other threads polling for work.
     pub fn evaluate(&mut self) -> Result<(f64, f64), RlError> {
+        autograd::with_polling_workers(|| self.compute_evaluation())
+    }
+
+    /// [`RlRun::evaluate`]'s work.
+    fn compute_evaluation(&mut self) -> Result<(f64, f64), RlError> {
         self.ps.to_host()?;
         self.evaluator.sync(&self.ps, &[])?;
         let prompts: Vec<Vec<u32>> = self

@@ -20,8 +20,14 @@ pub struct Evaluation {
 
 impl Trainer {
     /// Validation loss over `eval_batches` sequential batches (the same windows every time),
-    /// and the per-layer quantization error of the first batch's Fprop operands.
+    /// and the per-layer quantization error of the first batch's Fprop operands. Like
+    /// [`Trainer::train_step`], it runs with the pool's other threads polling for work.
     pub fn evaluate(&mut self) -> Result<Evaluation, TrainError> {
+        autograd::with_polling_workers(|| self.compute_evaluation())
+    }
+
+    /// [`Trainer::evaluate`]'s work.
+    fn compute_evaluation(&mut self) -> Result<Evaluation, TrainError> {
         let mut vb = Batcher::new(
             self.val.clone(),
             BatcherConfig {
