@@ -196,43 +196,51 @@ mod tests {
 
     /// The product split into bands on pools of 2-4 threads has the bits of the one call
     /// on one thread: shapes banded along M and along N, with partial register tiles at the
-    /// ends, K over several of the kernel's K blocks, alpha != 1, both betas, transposed
-    /// views.
+    /// ends (the last band of `(129, 130, 300)` is two columns wide), K over several of the
+    /// kernel's K blocks, alpha != 1, both betas, transposed views. Every shape is big enough
+    /// to be split on those pools.
     #[test]
     fn banded_products_have_the_bits_of_one_call() {
         let shapes = [
             (1000, 77, 600),
             (77, 1000, 600),
             (300, 200, 1100),
-            (129, 130, 64),
+            (129, 130, 300),
         ];
+        let pools: Vec<rayon::ThreadPool> = (1..=4)
+            .map(|t| {
+                rayon::ThreadPoolBuilder::new()
+                    .num_threads(t)
+                    .build()
+                    .unwrap()
+            })
+            .collect();
         for (m, n, k) in shapes {
-            assert!(bands(m, n, k) == 1 || m * n * k >= PARALLEL_MIN_MACS);
+            for pool in &pools[1..] {
+                let split = pool.install(|| bands(m, n, k));
+                assert!(split >= 2, "[{m}, {k}] x [{k}, {n}] is not split ({split})");
+            }
             let a = pseudo(m * k, 1);
             let bt = pseudo(n * k, 2); // B stored transposed: [n, k]
             let c0 = pseudo(m * n, 3);
             let av = MatRef::row_major(&a, m, k);
             let bv = MatRef::row_major(&bt, n, k).t();
             for (alpha, beta) in [(1.0, 0.0), (0.37, 1.0)] {
-                let run = |threads: usize| {
-                    let pool = rayon::ThreadPoolBuilder::new()
-                        .num_threads(threads)
-                        .build()
-                        .unwrap();
+                let run = |pool: &rayon::ThreadPool| {
                     let mut c = c0.clone();
                     pool.install(|| sgemm(alpha, av, bv, beta, &mut c));
                     c.iter().map(|x| x.to_bits()).collect::<Vec<u32>>()
                 };
-                let one = run(1);
-                for threads in [2, 3, 4] {
+                let one = run(&pools[0]);
+                for (threads, pool) in (2..).zip(&pools[1..]) {
                     assert!(
-                        run(threads) == one,
+                        run(pool) == one,
                         "[{m}, {k}] x [{k}, {n}], alpha {alpha}, beta {beta}, {threads} threads"
                     );
                 }
             }
         }
-        // the splits are aligned and cover the product
+        // one band per thread, at most one per BAND_ALIGN rows of the longer side
         assert_eq!(bands(1000, 77, 600), rayon::current_num_threads().min(15));
     }
 }
