@@ -1,19 +1,26 @@
 //! Times single ops forward + backward at the step_bench shapes (dev aid):
-//! `cargo run --release -p autograd --example op_bench -- [reps]`.
+//! `cargo run --release -p autograd --example op_bench -- [reps] [name filter]`.
 use std::time::Instant;
 
 use autograd::{init, Graph, ParamStore, QkvAttention, Result, Tensor};
 
 fn time(name: &str, reps: usize, f: impl Fn(&mut Graph<'_>) -> Result<Tensor>) -> Result<()> {
+    if let Some(only) = std::env::args().nth(2) {
+        if !name.contains(&only) {
+            return Ok(());
+        }
+    }
     let mut ps = ParamStore::new();
     let mut best = f64::MAX;
     for _ in 0..reps {
         let mut g = Graph::new(&mut ps);
         let t0 = Instant::now();
-        let y = f(&mut g)?;
-        let n = g.shape(y)?.numel();
-        let r = vec![1.0f32; n];
-        g.backward_with(y, &r)?;
+        autograd::with_polling_workers(|| -> Result<()> {
+            let y = f(&mut g)?;
+            let n = g.shape(y)?.numel();
+            let r = vec![1.0f32; n];
+            g.backward_with(y, &r)
+        })?;
         best = best.min(t0.elapsed().as_secs_f64());
     }
     println!("{name:<24} {:>9.3} ms", best * 1e3);
@@ -35,6 +42,12 @@ fn main() -> Result<()> {
         let b = g.variable(&xh2, &[n, h])?;
         g.swiglu(a, b)
     })?;
+    let xs = init::normal(n * 704, 1.0, 6);
+    time("swiglu_halves [2048,704]", reps, |g| {
+        let a = g.variable(&xs, &[n, 704])?;
+        g.swiglu_halves(a)
+    })?;
+    time("variable [2048,704]", reps, |g| g.variable(&xs, &[n, 704]))?;
     time("gelu [2048,768]", reps, |g| {
         let a = g.variable(&xh, &[n, h])?;
         g.gelu(a)
@@ -100,6 +113,15 @@ fn main() -> Result<()> {
             quant::GemmPolicy::nvfp4_paper(),
         ),
     ] {
+        for (m, k, nout) in [(2048, 128, 384), (2048, 128, 704), (2048, 352, 128)] {
+            let xs = init::normal(m * k, 1.0, 8);
+            let ws = init::normal(nout * k, 0.05, 9);
+            time(&format!("{name} {m}x{k}->{nout}"), reps, |g| {
+                let x = g.variable(&xs, &[m, k])?;
+                let w = g.variable(&ws, &[nout, k])?;
+                g.linear(x, w, None, &pol, 0)
+            })?;
+        }
         time(name, reps, |g| {
             let x = g.variable(&xd, &[n, d])?;
             let w = g.variable(&wq, &[h, d])?;

@@ -78,6 +78,45 @@ impl OpProfile {
     pub fn entries(&self) -> &[OpTiming] {
         &self.entries
     }
+
+    /// Adds `other`'s calls and seconds to this profile's (entries it lacks are appended):
+    /// the profile of several graphs, such as the micro-batches of one optimizer step.
+    ///
+    /// ```
+    /// use autograd::{Graph, ParamStore};
+    /// let mut ps = ParamStore::new();
+    /// let mut total = None;
+    /// for _ in 0..2 {
+    ///     let mut g = Graph::new(&mut ps);
+    ///     g.enable_profiling();
+    ///     let x = g.input(&[1.0, -2.0], &[2])?;
+    ///     g.silu(x)?;
+    ///     let p = g.profile().expect("profiling is on");
+    ///     match total.as_mut() {
+    ///         None => total = Some(p.clone()),
+    ///         Some(t) => autograd::OpProfile::merge(t, p),
+    ///     }
+    /// }
+    /// let total = total.unwrap();
+    /// let silu = total.entries().iter().find(|e| e.op == "silu").unwrap();
+    /// assert_eq!((silu.calls, silu.forward), (2, true));
+    /// # Ok::<(), autograd::Error>(())
+    /// ```
+    pub fn merge(&mut self, other: &OpProfile) {
+        for e in &other.entries {
+            match self
+                .entries
+                .iter_mut()
+                .find(|m| m.op == e.op && m.forward == e.forward)
+            {
+                Some(m) => {
+                    m.calls += e.calls;
+                    m.seconds += e.seconds;
+                }
+                None => self.entries.push(e.clone()),
+            }
+        }
+    }
 }
 
 impl fmt::Display for OpProfile {

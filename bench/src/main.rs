@@ -26,6 +26,7 @@ mod gemms;
 mod harness;
 mod kernels;
 mod metric;
+mod ops;
 mod peak;
 mod steps;
 
@@ -73,6 +74,22 @@ enum Cmd {
         /// Write the metrics here (JSON) instead of stdout.
         #[arg(long)]
         json: Option<PathBuf>,
+    },
+    /// Where a training step's time goes: each op's forward and backward time on a 1-thread
+    /// and a 2-thread pool, per recipe (reported, not gated).
+    Ops {
+        /// Trainer model preset.
+        #[arg(long, default_value = steps::PRESET)]
+        preset: String,
+        /// Built-in recipe names, comma-separated.
+        #[arg(long, value_delimiter = ',', default_value = "fp32,bf16,nvfp4")]
+        recipes: Vec<String>,
+        /// Untimed steps per recipe and pool.
+        #[arg(long, default_value_t = 2)]
+        warmup: usize,
+        /// Profiled steps per recipe and pool.
+        #[arg(long, default_value_t = 8)]
+        rounds: usize,
     },
     /// One step-timing child (used by `steps`): prints a JSON line.
     Step {
@@ -276,6 +293,12 @@ fn main() -> Result<()> {
                 json,
             )
         }
+        Cmd::Ops {
+            preset,
+            recipes,
+            warmup,
+            rounds,
+        } => ops::run(&preset, &recipes, warmup, rounds),
         Cmd::Step {
             preset,
             recipes,

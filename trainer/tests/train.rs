@@ -292,3 +292,52 @@ fn presets_have_the_advertised_sizes() {
         ModelConfig::preset(p).unwrap().validate().unwrap();
     }
 }
+
+#[test]
+fn op_profiling_times_every_op_of_the_step_and_changes_no_bits() {
+    let tmp = tempfile::tempdir().unwrap();
+    let mut cfg = tiny(3);
+    cfg.train.grad_accum = 2;
+    let make = |dir: &str| {
+        Trainer::new(
+            cfg.clone(),
+            Recipe::builtin("nvfp4").unwrap(),
+            opts(&tmp.path().join(dir)),
+        )
+        .unwrap()
+    };
+    let (mut plain, mut timed) = (make("plain"), make("timed"));
+    assert!(timed.last_op_profile().is_none(), "off by default");
+    timed.set_op_profiling(true);
+    for _ in 0..2 {
+        plain.train_step().unwrap();
+        timed.train_step().unwrap();
+    }
+    let p = timed
+        .last_op_profile()
+        .expect("a profile after a profiled step");
+    let calls = |op: &str, fwd: bool| {
+        p.entries()
+            .iter()
+            .find(|e| e.op == op && e.forward == fwd)
+            .map(|e| (e.calls, e.seconds))
+    };
+    // 3 blocks x (QKV, output, gate-and-up, down) + the LM head, per micro-batch, summed
+    // over the step's two micro-batches
+    for fwd in [true, false] {
+        let (n, s) = calls("linear", fwd).expect("linear timed");
+        assert_eq!(n, 2 * (3 * 4 + 1), "linear calls (forward {fwd})");
+        assert!(s > 0.0);
+    }
+    assert!(calls("cross_entropy", true).is_some() && calls("rmsnorm", false).is_some());
+    // the timer only reads the clock: the same parameters bit for bit
+    for id in plain.params().ids() {
+        let (a, b) = (
+            plain.params().value(id).unwrap(),
+            timed.params().value(id).unwrap(),
+        );
+        assert!(a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits()));
+    }
+    timed.set_op_profiling(false);
+    assert!(timed.last_op_profile().is_none());
+}

@@ -41,7 +41,7 @@
 
 use std::path::{Path, PathBuf};
 
-use autograd::ParamStore;
+use autograd::{OpProfile, ParamStore};
 use optim::{AdamW, AdamWConfig, LrSchedule, ParamGroup, ParamSpec};
 
 use crate::checkpoint::{self, CheckpointError, TrainState, STATE_VERSION};
@@ -103,6 +103,10 @@ pub struct Trainer {
     /// The device the forward and backward passes and the optimizer step run on, with
     /// AdamW's moments there (`None`: the CPU); see [`Trainer::set_device`].
     device: Option<device_step::DeviceUpdate>,
+    /// Whether steps time their ops ([`Trainer::set_op_profiling`]).
+    op_profiling: bool,
+    /// The op timings of the last step when profiling.
+    last_op_profile: Option<OpProfile>,
 }
 
 fn param_layout(ps: &ParamStore, model: &Gpt) -> Vec<ParamSpec> {
@@ -188,6 +192,8 @@ impl Trainer {
             inject_nan_at_step: crate::interrupt::nan_step_from_env(),
             resumed_from: None,
             device: None,
+            op_profiling: false,
+            last_op_profile: None,
         })
     }
 
@@ -273,6 +279,21 @@ impl Trainer {
     /// [`crate::rundir::RUN_FILES`]) instead of refusing it.
     pub fn set_overwrite(&mut self, overwrite: bool) {
         self.overwrite = overwrite;
+    }
+
+    /// Times every op of each following step, forward and backward (the graph's
+    /// [`OpProfile`], summed over the step's micro-batches; see [`Trainer::last_op_profile`]).
+    /// The timer reads the clock between ops, so it costs little, but it is off by default.
+    pub fn set_op_profiling(&mut self, on: bool) {
+        self.op_profiling = on;
+        if !on {
+            self.last_op_profile = None;
+        }
+    }
+
+    /// The op timings of the last step, when [`Trainer::set_op_profiling`] is on.
+    pub fn last_op_profile(&self) -> Option<&OpProfile> {
+        self.last_op_profile.as_ref()
     }
 
     /// **For tests**: make the loss and one gradient NaN at `step`, to exercise the

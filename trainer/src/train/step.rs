@@ -2,7 +2,7 @@
 //! divergence guard that judges it before anything is applied. On a device the whole step
 //! runs there (`device_step.rs`); only the loss and the gradient norm come back.
 
-use autograd::Graph;
+use autograd::{Graph, OpProfile};
 
 use super::{TrainError, Trainer};
 use crate::model::Precision;
@@ -69,9 +69,13 @@ impl Trainer {
             // the store stays on the device between steps (no-op then)
             self.ps.to_device(&dev.dev)?;
         }
+        let mut ops: Option<OpProfile> = None;
         for _ in 0..accum {
             let b = self.batcher.next_batch();
             let mut g = Graph::new(&mut self.ps).with_rng(self.cfg.train.seed, self.step);
+            if self.op_profiling {
+                g.enable_profiling();
+            }
             let prec = Precision {
                 recipe: &self.recipe,
                 progress,
@@ -86,7 +90,13 @@ impl Trainer {
                 loss
             };
             g.backward(scaled)?;
+            match (ops.as_mut(), g.profile()) {
+                (Some(total), Some(p)) => total.merge(p),
+                (None, Some(p)) => ops = Some(p.clone()),
+                _ => {}
+            }
         }
+        self.last_op_profile = ops;
         let mut loss = (loss_sum / accum as f64) as f32;
         let step_no = self.step + 1;
         let inject = self.inject_nan_at_step == Some(step_no);
