@@ -1,9 +1,10 @@
 //! `bench ops`: where one training step's time goes, op by op. For each recipe, a trainer
-//! on a 1-thread and on a 2-thread pool (one process, built and warmed up per pool) takes
-//! `rounds` steps with the graph's op timer on ([`trainer::train::Trainer::set_op_profiling`]);
-//! the table gives each op's median forward and backward milliseconds per step on both pools
-//! and its speed-up from the second thread, then the sum over the ops and the whole step
-//! (which adds the optimizer and the step's bookkeeping). Reported, never gated: it explains
+//! on a 1-thread and one on a 2-thread pool (one process; the two pools take their rounds
+//! alternately) take `rounds` steps each with the graph's op timer on
+//! ([`trainer::train::Trainer::set_op_profiling`]); the table gives each op's median forward
+//! and backward milliseconds per step on both pools and its speed-up from the second thread,
+//! then the sum over the ops and the whole step (which adds the optimizer and the step's
+//! bookkeeping). Reported, never gated: it explains
 //! the gated step ratios (which ops a recipe spends its time in, and which of them gain
 //! less than the rest from a second core).
 
@@ -43,37 +44,55 @@ impl Timings {
     }
 }
 
-/// `warmup` untimed and `rounds` profiled steps of each recipe on a pool of `threads`
-/// (the recipes interleaved round by round, as in `bench step`).
-fn profile(
-    preset: &str,
-    recipes: &[String],
-    threads: usize,
-    warmup: usize,
-    rounds: usize,
-) -> Result<Vec<Timings>> {
-    pool(threads)?.install(|| {
-        let cfg = RunConfig::preset(preset)?;
-        let mut trainers = Vec::new();
-        for r in recipes {
-            let mut tr = Trainer::new(
-                cfg.clone(),
-                Recipe::builtin(r)?,
-                TrainOptions {
-                    out: std::env::temp_dir().join("nibble-bench-unused"),
-                    quiet: true,
-                    stop_after: None,
-                },
-            )?;
-            for _ in 0..warmup {
-                tr.train_step()?;
+/// A pool and a trainer per recipe on it, with the timings of its profiled steps.
+struct Lane {
+    pool: rayon::ThreadPool,
+    trainers: Vec<Trainer>,
+    timings: Vec<Timings>,
+}
+
+impl Lane {
+    /// A trainer per recipe on a pool of `threads`, `warmup` untimed steps each.
+    fn new(preset: &str, recipes: &[String], threads: usize, warmup: usize) -> Result<Lane> {
+        let pool = pool(threads)?;
+        let trainers = pool.install(|| -> Result<Vec<Trainer>> {
+            let cfg = RunConfig::preset(preset)?;
+            let mut trainers = Vec::new();
+            for r in recipes {
+                let mut tr = Trainer::new(
+                    cfg.clone(),
+                    Recipe::builtin(r)?,
+                    TrainOptions {
+                        out: std::env::temp_dir().join("nibble-bench-unused"),
+                        quiet: true,
+                        stop_after: None,
+                    },
+                )?;
+                for _ in 0..warmup {
+                    tr.train_step()?;
+                }
+                tr.set_op_profiling(true);
+                trainers.push(tr);
             }
-            tr.set_op_profiling(true);
-            trainers.push(tr);
-        }
-        let mut out: Vec<Timings> = recipes.iter().map(|_| Timings::default()).collect();
-        for _ in 0..rounds {
-            for (tr, t) in trainers.iter_mut().zip(out.iter_mut()) {
+            Ok(trainers)
+        })?;
+        let timings = recipes.iter().map(|_| Timings::default()).collect();
+        Ok(Lane {
+            pool,
+            trainers,
+            timings,
+        })
+    }
+
+    /// One profiled step of every recipe, on this lane's pool.
+    fn round(&mut self) -> Result<()> {
+        let Lane {
+            pool,
+            trainers,
+            timings,
+        } = self;
+        pool.install(|| {
+            for (tr, t) in trainers.iter_mut().zip(timings.iter_mut()) {
                 let t0 = Instant::now();
                 tr.train_step()?;
                 t.steps.push(t0.elapsed().as_secs_f64());
@@ -85,9 +104,9 @@ fn profile(
                     t.calls.insert((e.op, e.forward), e.calls);
                 }
             }
-        }
-        Ok(out)
-    })
+            Ok(())
+        })
+    }
 }
 
 /// Runs the profiles on 1 and 2 threads and prints one Markdown table per recipe.
@@ -95,8 +114,18 @@ pub fn run(preset: &str, recipes: &[String], warmup: usize, rounds: usize) -> Re
     if recipes.is_empty() || rounds == 0 {
         bail!("need at least one recipe and one round");
     }
-    let one = profile(preset, recipes, 1, warmup, rounds)?;
-    let two = profile(preset, recipes, 2, warmup, rounds)?;
+    // the two pools take their rounds alternately (first one, then the other, the order
+    // flipped every round), so that the host's drift reaches both alike
+    let mut lanes = [
+        Lane::new(preset, recipes, 1, warmup)?,
+        Lane::new(preset, recipes, 2, warmup)?,
+    ];
+    for r in 0..rounds {
+        for i in [r % 2, 1 - r % 2] {
+            lanes[i].round()?;
+        }
+    }
+    let [one, two] = lanes.map(|l| l.timings);
     println!(
         "`{preset}` preset, medians over {rounds} profiled steps per recipe and pool \
          (ms per step; ops under 1% of the 1-thread step are left out):"
