@@ -28,6 +28,15 @@ fn time(name: &str, reps: usize, f: impl Fn(&mut Graph<'_>) -> Result<Tensor>) -
 }
 
 fn main() -> Result<()> {
+    // on a thread of the pool (sized by RAYON_NUM_THREADS), so that the other threads poll
+    // for work during each op as they do in a training step
+    let pool = rayon::ThreadPoolBuilder::new()
+        .build()
+        .expect("building the rayon pool");
+    pool.install(run)
+}
+
+fn run() -> Result<()> {
     let reps: usize = std::env::args()
         .nth(1)
         .and_then(|s| s.parse().ok())

@@ -74,7 +74,7 @@ impl OpProfile {
         }
     }
 
-    /// All timings, in first-seen order (forward entries, then backward).
+    /// All timings, in first-seen order (within one graph: forward entries, then backward).
     pub fn entries(&self) -> &[OpTiming] {
         &self.entries
     }

@@ -4,6 +4,7 @@
 //! bench kernels [--rounds N] [--json PATH]       quantizers, GEMM, AdamW: same-run ratios
 //! bench steps [--rounds N] [--json PATH]        training step per recipe, thread scaling
 //! bench step --recipes A,B --threads T           one child: prints a JSON line
+//! bench ops [--preset P] [--recipes A,B] [--rounds N]  each op's time per step, 1 and 2 threads
 //! bench callgrind --kernel K [--setup-only]      one kernel call, for valgrind
 //! bench callgrind --list                         the callgrind kernels and input size
 //! bench gemms --threads T [--rounds N] [--json PATH]  instruction peaks, f32 and BF16 GEMMs

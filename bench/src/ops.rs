@@ -4,43 +4,34 @@
 //! ([`trainer::train::Trainer::set_op_profiling`]); the table gives each op's median forward
 //! and backward milliseconds per step on both pools and its speed-up from the second thread,
 //! then the sum over the ops and the whole step (which adds the optimizer and the step's
-//! bookkeeping). Reported, never gated: it explains
-//! the gated step ratios (which ops a recipe spends its time in, and which of them gain
-//! less than the rest from a second core).
+//! bookkeeping). Reported, never gated: it explains the gated step ratios (which ops a
+//! recipe spends its time in, and which of them gain less than the rest from a second core).
 
 use std::collections::BTreeMap;
 use std::time::Instant;
 
 use anyhow::{bail, Result};
-use trainer::recipe::Recipe;
-use trainer::train::{RunConfig, TrainOptions, Trainer};
+use trainer::train::Trainer;
 
 use crate::harness::{median_and_spread, pool};
+use crate::steps::warm_trainers;
 
-/// Per-step seconds of one recipe on one pool: each op (name, forward) and the whole step.
+/// Per-step seconds of one recipe on one pool: each op (name, forward) over the steps it
+/// ran in, the sum over all ops and the whole step, one value per profiled step.
 #[derive(Default)]
 struct Timings {
     ops: BTreeMap<(&'static str, bool), Vec<f64>>,
     calls: BTreeMap<(&'static str, bool), usize>,
+    all_ops: Vec<f64>,
     steps: Vec<f64>,
 }
 
-impl Timings {
-    fn median(v: &[f64]) -> f64 {
-        if v.is_empty() {
-            0.0
-        } else {
-            median_and_spread(v).0
-        }
-    }
-
-    /// The median over rounds of the per-round sum over all ops.
-    fn all_ops(&self) -> f64 {
-        let rounds = self.steps.len();
-        let sums: Vec<f64> = (0..rounds)
-            .map(|r| self.ops.values().filter_map(|v| v.get(r)).sum())
-            .collect();
-        Self::median(&sums)
+/// The median (0 for no values).
+fn median(v: &[f64]) -> f64 {
+    if v.is_empty() {
+        0.0
+    } else {
+        median_and_spread(v).0
     }
 }
 
@@ -55,27 +46,10 @@ impl Lane {
     /// A trainer per recipe on a pool of `threads`, `warmup` untimed steps each.
     fn new(preset: &str, recipes: &[String], threads: usize, warmup: usize) -> Result<Lane> {
         let pool = pool(threads)?;
-        let trainers = pool.install(|| -> Result<Vec<Trainer>> {
-            let cfg = RunConfig::preset(preset)?;
-            let mut trainers = Vec::new();
-            for r in recipes {
-                let mut tr = Trainer::new(
-                    cfg.clone(),
-                    Recipe::builtin(r)?,
-                    TrainOptions {
-                        out: std::env::temp_dir().join("nibble-bench-unused"),
-                        quiet: true,
-                        stop_after: None,
-                    },
-                )?;
-                for _ in 0..warmup {
-                    tr.train_step()?;
-                }
-                tr.set_op_profiling(true);
-                trainers.push(tr);
-            }
-            Ok(trainers)
-        })?;
+        let mut trainers = pool.install(|| warm_trainers(preset, recipes, warmup))?;
+        for tr in trainers.iter_mut() {
+            tr.set_op_profiling(true);
+        }
         let timings = recipes.iter().map(|_| Timings::default()).collect();
         Ok(Lane {
             pool,
@@ -84,21 +58,26 @@ impl Lane {
         })
     }
 
-    /// One profiled step of every recipe, on this lane's pool.
-    fn round(&mut self) -> Result<()> {
+    /// Round `round`: one profiled step of every recipe on this lane's pool, in an order
+    /// that rotates from round to round (as in `bench step`).
+    fn round(&mut self, round: usize) -> Result<()> {
         let Lane {
             pool,
             trainers,
             timings,
         } = self;
+        let n = trainers.len();
         pool.install(|| {
-            for (tr, t) in trainers.iter_mut().zip(timings.iter_mut()) {
+            for k in 0..n {
+                let i = (k + round) % n;
+                let (tr, t) = (&mut trainers[i], &mut timings[i]);
                 let t0 = Instant::now();
                 tr.train_step()?;
                 t.steps.push(t0.elapsed().as_secs_f64());
                 let Some(p) = tr.last_op_profile() else {
                     bail!("the trainer returned no op profile");
                 };
+                t.all_ops.push(p.entries().iter().map(|e| e.seconds).sum());
                 for e in p.entries() {
                     t.ops.entry((e.op, e.forward)).or_default().push(e.seconds);
                     t.calls.insert((e.op, e.forward), e.calls);
@@ -122,7 +101,7 @@ pub fn run(preset: &str, recipes: &[String], warmup: usize, rounds: usize) -> Re
     ];
     for r in 0..rounds {
         for i in [r % 2, 1 - r % 2] {
-            lanes[i].round()?;
+            lanes[i].round(r)?;
         }
     }
     let [one, two] = lanes.map(|l| l.timings);
@@ -131,14 +110,14 @@ pub fn run(preset: &str, recipes: &[String], warmup: usize, rounds: usize) -> Re
          (ms per step; ops under 1% of the 1-thread step are left out):"
     );
     for ((name, a), b) in recipes.iter().zip(&one).zip(&two) {
-        let step1 = Timings::median(&a.steps);
+        let step1 = median(&a.steps);
         println!("\n{name}\n\n| op | dir | calls | 1 thread | 2 threads | speed-up |");
         println!("|---|---|---:|---:|---:|---:|");
         let mut rows: Vec<_> = a
             .ops
             .iter()
-            .map(|(k, v)| (*k, Timings::median(v)))
-            .filter(|(_, ms)| *ms >= 0.01 * step1)
+            .map(|(k, v)| (*k, median(v)))
+            .filter(|(_, secs)| *secs >= 0.01 * step1)
             .collect();
         rows.sort_by(|x, y| y.1.total_cmp(&x.1));
         let line = |label: &str, dir: &str, calls: String, s1: f64, s2: f64| {
@@ -150,7 +129,7 @@ pub fn run(preset: &str, recipes: &[String], warmup: usize, rounds: usize) -> Re
             );
         };
         for ((op, fwd), s1) in rows {
-            let s2 = b.ops.get(&(op, fwd)).map_or(0.0, |v| Timings::median(v));
+            let s2 = b.ops.get(&(op, fwd)).map_or(0.0, |v| median(v));
             let calls = a.calls.get(&(op, fwd)).copied().unwrap_or(0);
             line(
                 op,
@@ -160,8 +139,14 @@ pub fn run(preset: &str, recipes: &[String], warmup: usize, rounds: usize) -> Re
                 s2,
             );
         }
-        line("all ops", "", String::new(), a.all_ops(), b.all_ops());
-        line("step", "", String::new(), step1, Timings::median(&b.steps));
+        line(
+            "all ops",
+            "",
+            String::new(),
+            median(&a.all_ops),
+            median(&b.all_ops),
+        );
+        line("step", "", String::new(), step1, median(&b.steps));
     }
     Ok(())
 }

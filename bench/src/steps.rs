@@ -51,24 +51,8 @@ pub fn child(
         bail!("need at least one recipe, thread and round");
     }
     pool(threads)?.install(|| {
-        let cfg = RunConfig::preset(preset)?;
-        let tokens_per_step = cfg.tokens_per_step();
-        let mut trainers = Vec::new();
-        for r in recipes {
-            let mut tr = Trainer::new(
-                cfg.clone(),
-                Recipe::builtin(r)?,
-                TrainOptions {
-                    out: std::env::temp_dir().join("nibble-bench-unused"),
-                    quiet: true,
-                    stop_after: None,
-                },
-            )?;
-            for _ in 0..warmup {
-                tr.train_step()?;
-            }
-            trainers.push(tr);
-        }
+        let tokens_per_step = RunConfig::preset(preset)?.tokens_per_step();
+        let mut trainers = warm_trainers(preset, recipes, warmup)?;
         let n = trainers.len();
         let mut secs = vec![Vec::with_capacity(rounds); n];
         for round in 0..rounds {
@@ -86,6 +70,29 @@ pub fn child(
             secs,
         })
     })
+}
+
+/// A trainer per recipe on the preset's model (run directory unused: nothing is written),
+/// each after `warmup` untimed steps, on the current rayon pool.
+pub fn warm_trainers(preset: &str, recipes: &[String], warmup: usize) -> Result<Vec<Trainer>> {
+    let cfg = RunConfig::preset(preset)?;
+    let mut trainers = Vec::new();
+    for r in recipes {
+        let mut tr = Trainer::new(
+            cfg.clone(),
+            Recipe::builtin(r)?,
+            TrainOptions {
+                out: std::env::temp_dir().join("nibble-bench-unused"),
+                quiet: true,
+                stop_after: None,
+            },
+        )?;
+        for _ in 0..warmup {
+            tr.train_step()?;
+        }
+        trainers.push(tr);
+    }
+    Ok(trainers)
 }
 
 fn run_child(

@@ -291,7 +291,9 @@ impl Trainer {
         }
     }
 
-    /// The op timings of the last step, when [`Trainer::set_op_profiling`] is on.
+    /// The op timings of the last step, when [`Trainer::set_op_profiling`] is on (also of a
+    /// step the divergence guard rejected; none after a step that failed). On a device the
+    /// times are those of the host's calls, which may return before the device finishes.
     pub fn last_op_profile(&self) -> Option<&OpProfile> {
         self.last_op_profile.as_ref()
     }

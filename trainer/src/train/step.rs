@@ -69,6 +69,8 @@ impl Trainer {
             // the store stays on the device between steps (no-op then)
             self.ps.to_device(&dev.dev)?;
         }
+        // a step that fails leaves no profile behind (one that diverges keeps its own)
+        self.last_op_profile = None;
         let mut ops: Option<OpProfile> = None;
         for _ in 0..accum {
             let b = self.batcher.next_batch();
