@@ -56,21 +56,26 @@ impl OpProfile {
     }
 
     fn add(&mut self, op: &'static str, forward: bool, seconds: f64) {
+        self.absorb(OpTiming {
+            op,
+            forward,
+            calls: 1,
+            seconds,
+        });
+    }
+
+    /// Adds `t`'s calls and seconds to the entry of its op and direction (a new one if none).
+    fn absorb(&mut self, t: OpTiming) {
         match self
             .entries
             .iter_mut()
-            .find(|e| e.op == op && e.forward == forward)
+            .find(|e| e.op == t.op && e.forward == t.forward)
         {
             Some(e) => {
-                e.calls += 1;
-                e.seconds += seconds;
+                e.calls += t.calls;
+                e.seconds += t.seconds;
             }
-            None => self.entries.push(OpTiming {
-                op,
-                forward,
-                calls: 1,
-                seconds,
-            }),
+            None => self.entries.push(t),
         }
     }
 
@@ -104,17 +109,7 @@ impl OpProfile {
     /// ```
     pub fn merge(&mut self, other: &OpProfile) {
         for e in &other.entries {
-            match self
-                .entries
-                .iter_mut()
-                .find(|m| m.op == e.op && m.forward == e.forward)
-            {
-                Some(m) => {
-                    m.calls += e.calls;
-                    m.seconds += e.seconds;
-                }
-                None => self.entries.push(e.clone()),
-            }
+            self.absorb(e.clone());
         }
     }
 }

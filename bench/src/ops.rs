@@ -26,13 +26,9 @@ struct Timings {
     steps: Vec<f64>,
 }
 
-/// The median (0 for no values).
+/// The median of a non-empty series (every series here holds one value per round).
 fn median(v: &[f64]) -> f64 {
-    if v.is_empty() {
-        0.0
-    } else {
-        median_and_spread(v).0
-    }
+    median_and_spread(v).0
 }
 
 /// A pool and a trainer per recipe on it, with the timings of its profiled steps.
