@@ -5,6 +5,8 @@
 
 use std::arch::asm;
 
+use super::bf16::BLOCK;
+
 /// The tile configuration (palette 1): all eight tiles 16 rows x 64 bytes.
 #[repr(C, align(64))]
 struct Config {
@@ -69,6 +71,18 @@ pub(super) unsafe fn block_2x2(
 ) {
     let ldc_bytes = ldc * 4;
     let c_low = c.add(16 * ldc); // tiles (1, 0) and (1, 1)
+                                 // Ask for the block's 64 output lines (two per row) in a writable state first, so that
+                                 // fetching them overlaps the products instead of stalling the tile stores at the end: a
+                                 // training GEMM's output is rarely in the cache. Prefetches never fault, and every CPU
+                                 // with AMX has PREFETCHW.
+    for r in 0..BLOCK {
+        asm!(
+            "prefetchw [{row}]",
+            "prefetchw [{row} + 64]",
+            row = in(reg) c.add(r * ldc),
+            options(nostack, readonly, preserves_flags),
+        );
+    }
     macro_rules! kernel {
         ($($init:literal),*) => {
             asm!(

@@ -49,7 +49,7 @@ const TILE_ELEMS: usize = TILE * CHUNK;
 /// 32-bit words (BF16 pairs along K) of one packed tile.
 pub(super) const TILE_WORDS: usize = TILE_ELEMS / 2;
 /// Rows and columns of the output block one kernel call computes (2 x 2 tiles).
-const BLOCK: usize = 2 * TILE;
+pub(super) const BLOCK: usize = 2 * TILE;
 /// Chunks of K per slab (see `gemm`): 16 KiB of tiles per 32-row or 32-column block.
 const KBLOCK: usize = 16;
 
