@@ -465,6 +465,40 @@ fn every_operand_layout_packs_the_same_bits() {
     }
 }
 
+/// Transposed views (rows contiguous: the Wgrad operands) are packed by runs of K, one run
+/// per task: the product has the bits of the row-major operands on pools of 1 to 3 threads,
+/// with K split unevenly and a partial last chunk.
+#[test]
+fn transposed_views_pack_the_same_bits_on_any_pool() {
+    let mut rnd = lcg(12);
+    let (m, n, k) = (70, 45, 1000); // 32 chunks, the last holding 8 values
+    let a: Vec<f32> = (0..m * k).map(|_| rnd() * 3.0).collect();
+    let b: Vec<f32> = (0..n * k).map(|_| rnd()).collect();
+    let transpose = |x: &[f32], rows: usize| -> Vec<f32> {
+        (0..rows * k).map(|j| x[(j % rows) * k + j / rows]).collect()
+    };
+    let (at, bt) = (transpose(&a, m), transpose(&b, n));
+    let (av, bv) = (
+        MatRef::row_major(&at, k, m).t(),
+        MatRef::row_major(&bt, k, n).t(),
+    );
+    for arith in BOTH {
+        let mut ws = Bf16Workspace::new();
+        let mut want = vec![0.0f32; m * n];
+        let rows = (MatRef::row_major(&a, m, k), MatRef::row_major(&b, n, k));
+        bf16_gemm_tn(arith, rows.0, rows.1, &mut want, &mut ws);
+        for threads in 1..=3 {
+            let pool = rayon::ThreadPoolBuilder::new()
+                .num_threads(threads)
+                .build()
+                .unwrap();
+            let mut got = vec![f32::NAN; m * n];
+            pool.install(|| bf16_gemm_tn(arith, av, bv, &mut got, &mut ws));
+            assert_eq!(got, want, "{arith:?}, {threads} threads");
+        }
+    }
+}
+
 /// A view whose strides overflow `usize` does not fit its storage: the GEMM refuses it (the
 /// AVX-512 packing reads through raw pointers, so a wrapped offset must never get there).
 #[test]
