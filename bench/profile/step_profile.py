@@ -76,7 +76,7 @@ def gemm_part(frames):
     srcs = " ".join(f[1] for f in frames[:14])
     if re.search(r"page_fault|clear_page|handle_mm", syms):
         return "page faults"
-    if re.search(r"pack::pack_tile|pack::pack_[ab]\b|bf16_bits|store_transposed", syms):
+    if re.search(r"pack::pack_(tile|chunks|k_runs|[ab]\b)|pack_avx512::|bf16_bits|store_transposed", syms):
         return "pack into BF16 tiles"
     if "bf16::block" in syms or "block_2x2" in syms or "amx.rs" in srcs:
         return "BF16 unit (AMX, vdpbf16ps)"

@@ -475,7 +475,9 @@ fn transposed_views_pack_the_same_bits_on_any_pool() {
     let a: Vec<f32> = (0..m * k).map(|_| rnd() * 3.0).collect();
     let b: Vec<f32> = (0..n * k).map(|_| rnd()).collect();
     let transpose = |x: &[f32], rows: usize| -> Vec<f32> {
-        (0..rows * k).map(|j| x[(j % rows) * k + j / rows]).collect()
+        (0..rows * k)
+            .map(|j| x[(j % rows) * k + j / rows])
+            .collect()
     };
     let (at, bt) = (transpose(&a, m), transpose(&b, n));
     let (av, bv) = (
