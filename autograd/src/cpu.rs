@@ -329,15 +329,25 @@ pub(crate) fn max(a: &[f32]) -> f32 {
             nan |= x.is_nan();
         }
     }
-    let mut m = f32::NEG_INFINITY;
-    for &v in acc.iter().chain(t) {
-        m = if v > m { v } else { m };
-        nan |= v.is_nan();
+    // the tail lane by lane, then the lanes pairwise: no serial chain of compares (a max
+    // does not depend on the order it is taken in, but for which zero wins a tie of +0 and
+    // -0, and every caller only subtracts it or adds a non-negative logarithm to it)
+    for (m, &x) in acc.iter_mut().zip(t) {
+        *m = if x > *m { x } else { *m };
+        nan |= x.is_nan();
+    }
+    let mut w = 8;
+    while w > 0 {
+        let (lo, hi) = acc.split_at_mut(w);
+        for (m, &x) in lo.iter_mut().zip(&hi[..w]) {
+            *m = if x > *m { x } else { *m };
+        }
+        w /= 2;
     }
     if nan {
         f32::NAN
     } else {
-        m
+        acc[0]
     }
 }
 
@@ -439,5 +449,22 @@ mod tests {
         b[20] = f32::NAN;
         assert!(max(&b).is_nan());
         assert_eq!(max(&[]), f32::NEG_INFINITY);
+    }
+
+    /// `max` over every length from 0 to 49 (whole 16-lane groups and every tail) and every
+    /// position of the largest value: the scalar fold's value, NaN wherever one lies.
+    #[test]
+    fn max_matches_the_scalar_fold_for_every_tail() {
+        for n in 0..50 {
+            let base: Vec<f32> = (0..n).map(|i| ((i * 7919) % 23) as f32 - 30.0).collect();
+            for top in 0..n {
+                let mut a = base.clone();
+                a[top] = 5.0;
+                let fold = a.iter().fold(f32::NEG_INFINITY, |m, &x| m.max(x));
+                assert_eq!(max(&a), fold, "n {n}, largest at {top}");
+                a[top] = f32::NAN;
+                assert!(max(&a).is_nan(), "n {n}, NaN at {top}");
+            }
+        }
     }
 }
