@@ -70,11 +70,12 @@ pub(super) unsafe fn block_2x2(
     acc: bool,
 ) {
     let ldc_bytes = ldc * 4;
-    let c_low = c.add(16 * ldc); // tiles (1, 0) and (1, 1)
-                                 // Ask for the block's 64 output lines (two per row) in a writable state first, so that
-                                 // fetching them overlaps the products instead of stalling the tile stores at the end: a
-                                 // training GEMM's output is rarely in the cache. Prefetches never fault, and every CPU
-                                 // with AMX has PREFETCHW.
+    // tiles (1, 0) and (1, 1)
+    let c_low = c.add(16 * ldc);
+    // Ask for the block's 64 output lines (two per row) in a writable state first, so that
+    // fetching them overlaps the products instead of stalling the tile stores at the end: a
+    // training GEMM's output is rarely in the cache. Prefetches never fault, and every CPU
+    // with AMX has PREFETCHW.
     for r in 0..BLOCK {
         asm!(
             "prefetchw [{row}]",

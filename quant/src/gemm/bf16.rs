@@ -51,7 +51,7 @@ pub(super) const TILE_WORDS: usize = TILE_ELEMS / 2;
 /// Rows and columns of the output block one kernel call computes (2 x 2 tiles).
 pub(super) const BLOCK: usize = 2 * TILE;
 /// Packed tiles of B one slab may hold at most (see [`slab_chunks`]): 1 MiB, half of a
-/// core's L2 on the CPUs with AMX.
+/// core's L2 on the CPUs with AMX (all of it on a Zen 4, where the limit is not measured).
 const SLAB_B_TILES: usize = 1024;
 
 /// Chunks of K per slab of the GEMM's K loop for `kc` chunks and `nb` 32-column blocks of
