@@ -37,7 +37,7 @@
 
 use rayon::prelude::*;
 
-use super::pack::{pack_a, pack_b, packed_row_tiles};
+use super::pack::{pack_view, packed_row_tiles};
 use super::MatRef;
 
 /// K elements per chunk (one AMX tile row of BF16 pairs).
@@ -384,11 +384,11 @@ fn gemm_sides(unit: Unit, a: Side<'_>, b: Side<'_>, out: &mut [f32], ws: &mut Bf
     let (mb, nb) = (m.div_ceil(BLOCK), n.div_ceil(BLOCK));
     debug_assert_eq!((mb * 2, nb * 2), (packed_row_tiles(m), packed_row_tiles(n)));
     match a {
-        Side::View(a) => pack_a(a, kc, mb * 2, &mut ws.a),
+        Side::View(a) => pack_view(a, true, &mut ws.a),
         Side::Packed { .. } => assert!(ws.a.len() >= mb * 2 * kc * TILE_WORDS),
     }
     match b {
-        Side::View(b) => pack_b(b, kc, nb * 2, &mut ws.b),
+        Side::View(b) => pack_view(b, false, &mut ws.b),
         Side::Packed { .. } => assert!(ws.b.len() >= nb * 2 * kc * TILE_WORDS),
     }
     let (pa, pb) = (&ws.a[..], &ws.b[..]);

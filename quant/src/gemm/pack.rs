@@ -24,62 +24,34 @@ fn pair(lo: u16, hi: u16) -> u32 {
     }
 }
 
-/// Packs `A: [M, K]` into `row_tiles · kc` tiles of 16 rows x 32 BF16 (row-major, rows and
-/// K padded with zeros): tile `(i, t)` at word `(i · kc + t) · 256`, element `(r, k)` of it
-/// in word `r · 16 + k / 2`.
-pub(super) fn pack_a(a: MatRef<'_>, kc: usize, row_tiles: usize, buf: &mut Vec<u32>) {
-    let len = row_tiles * kc * TILE_WORDS;
-    if buf.len() < len {
-        buf.resize(len, 0);
+/// Packs `x: [rows, K]` into the [`packed_row_tiles`]`(rows) · ⌈K / 32⌉` tiles of one GEMM
+/// operand (rows and K padded with zeros), tile `(i, t)` at word `(i · kc + t) · 256`:
+///
+/// - as A tiles (`a_layout`): 16 rows x 32 BF16, row-major, element `(r, k)` of a tile in
+///   word `r · 16 + k / 2`;
+/// - as B tiles: 16 K-pairs x 16 columns x 2 BF16 (the pair-interleaved layout of the tile
+///   unit's second operand), element `(n, k)` (`n = 16j + nn`, `k = 32t + 2p + q`) of tile
+///   `(j, t)` in word `p · 16 + nn`, half `q`.
+///
+/// The threads split the operand by groups of 16-row blocks, or a transposed view by runs of
+/// K ([`by_k_runs`]).
+pub(super) fn pack_view(x: MatRef<'_>, a_layout: bool, buf: &mut Vec<u32>) {
+    let (kc, row_tiles, len) = tile_buffer(x.rows, x.cols, buf);
+    if len == 0 {
+        return;
     }
-    if by_k_runs(a) {
-        return pack_k_runs(a, kc, true, &mut buf[..len]);
+    let tiles = &mut buf[..len];
+    if by_k_runs(x) {
+        return pack_k_runs(x, kc, a_layout, tiles);
     }
-    let wide = wide_packing();
-    let group = group_size(len / (kc * TILE_WORDS));
-    buf[..len]
+    let group = group_size(row_tiles);
+    tiles
         .par_chunks_mut(group * kc * TILE_WORDS)
         .enumerate()
-        .for_each(|(g, tiles)| {
-            #[cfg(target_arch = "x86_64")]
-            if wide {
-                // SAFETY: `wide` says the CPU has AVX-512F/BW/VL/DQ and AVX512_BF16.
-                unsafe { pack_tiles_avx512(a, kc, g * group, tiles, (true, false)) };
-                return;
-            }
-            pack_tiles::<false>(a, kc, g * group, tiles, (true, false));
-        });
+        .for_each(|(g, tiles)| pack_dispatch(x, kc, g * group, tiles, (a_layout, false)));
 }
 
-/// Packs `B: [N, K]` into `col_tiles · kc` tiles of 16 K-pairs x 16 columns x 2 BF16 (the
-/// pair-interleaved layout of the tile unit's second operand, zero-padded): element
-/// `(n, k)` of tile `(j, t)` (`n = 16j + nn`, `k = 32t + 2p + q`) in word
-/// `(j · kc + t) · 256 + p · 16 + nn`, half `q`.
-pub(super) fn pack_b(b: MatRef<'_>, kc: usize, col_tiles: usize, buf: &mut Vec<u32>) {
-    let len = col_tiles * kc * TILE_WORDS;
-    if buf.len() < len {
-        buf.resize(len, 0);
-    }
-    if by_k_runs(b) {
-        return pack_k_runs(b, kc, false, &mut buf[..len]);
-    }
-    let wide = wide_packing();
-    let group = group_size(len / (kc * TILE_WORDS));
-    buf[..len]
-        .par_chunks_mut(group * kc * TILE_WORDS)
-        .enumerate()
-        .for_each(|(g, tiles)| {
-            #[cfg(target_arch = "x86_64")]
-            if wide {
-                // SAFETY: `wide` says the CPU has AVX-512F/BW/VL/DQ and AVX512_BF16.
-                unsafe { pack_tiles_avx512(b, kc, g * group, tiles, (false, false)) };
-                return;
-            }
-            pack_tiles::<false>(b, kc, g * group, tiles, (false, false));
-        });
-}
-
-/// Whether [`pack_a`] / [`pack_b`] split a view by runs of K ([`pack_k_runs`]) rather than
+/// Whether [`pack_view`] splits a view by runs of K ([`pack_k_runs`]) rather than
 /// by groups of rows: a transposed view (rows contiguous), whose K lines are then each read
 /// whole by one task instead of in short pieces by every task (on two threads, 1.7x less
 /// time to pack a training step's Wgrad operands).
@@ -87,57 +59,77 @@ fn by_k_runs(x: MatRef<'_>) -> bool {
     x.row_stride == 1 && x.col_stride != 1
 }
 
-/// The packed tiles being written, shared by the tasks of [`pack_k_runs`] (each writes
-/// the tiles of its own chunks).
+/// A block-major tile buffer (`row_tiles · kc` tiles, tile `(i, t)` at tile index `i · kc +
+/// t`) shared by the tasks of [`pack_k_runs`], each writing the tiles of its own chunks.
 #[derive(Clone, Copy)]
-struct TilesPtr(*mut u32);
+struct SharedTiles {
+    ptr: *mut u32,
+    kc: usize,
+    row_tiles: usize,
+}
 // SAFETY: the tasks write disjoint tiles through it while the caller holds the buffer.
-unsafe impl Send for TilesPtr {}
-unsafe impl Sync for TilesPtr {}
+unsafe impl Send for SharedTiles {}
+unsafe impl Sync for SharedTiles {}
+
+impl SharedTiles {
+    /// Tile `(i, t)`.
+    ///
+    /// # Safety
+    /// `i < row_tiles`, `t < kc`, the buffer still held by the caller of [`pack_k_runs`],
+    /// and no other task touching this tile meanwhile.
+    #[allow(clippy::mut_from_ref)]
+    #[inline(always)]
+    unsafe fn tile(&self, i: usize, t: usize) -> &mut [u32] {
+        // SAFETY: (caller) the tile lies in the buffer and only this task writes it.
+        unsafe {
+            std::slice::from_raw_parts_mut(self.ptr.add((i * self.kc + t) * TILE_WORDS), TILE_WORDS)
+        }
+    }
+}
 
 /// Packs the `row_tiles · kc` tiles of `x` into `tiles` in the block-major layout of
-/// [`pack_a`] (`a_layout`) or [`pack_b`], each task a run of K chunks for all row tiles.
+/// [`pack_view`], each task a run of K chunks for all row tiles.
 fn pack_k_runs(x: MatRef<'_>, kc: usize, a_layout: bool, tiles: &mut [u32]) {
     let row_tiles = tiles.len() / (kc * TILE_WORDS);
     let per_task = kc.div_ceil(2 * rayon::current_num_threads()).max(1);
     let wide = wide_packing();
-    let out = TilesPtr(tiles.as_mut_ptr());
+    let out = SharedTiles {
+        ptr: tiles.as_mut_ptr(),
+        kc,
+        row_tiles,
+    };
     (0..kc.div_ceil(per_task)).into_par_iter().for_each(|g| {
         let chunks = g * per_task..((g + 1) * per_task).min(kc);
         #[cfg(target_arch = "x86_64")]
         if wide {
             // SAFETY: `wide` says the CPU has AVX-512F/BW/VL/DQ and AVX512_BF16; this task
-            // writes only the tiles of its own chunks.
-            unsafe { pack_chunks_avx512(x, kc, row_tiles, chunks, out, a_layout) };
+            // writes only the tiles of its own chunks, and `tiles` outlives the loop.
+            unsafe { pack_chunks_avx512(x, out, chunks, a_layout) };
             return;
         }
         // SAFETY: as above.
-        unsafe { pack_chunks::<false>(x, kc, row_tiles, chunks, out, a_layout) };
+        unsafe { pack_chunks::<false>(x, out, chunks, a_layout) };
     });
 }
 
-/// Packs tiles `(i, t)` of `x` for every row tile `i` and the chunks `t` in `chunks`, into
-/// the block-major buffer at `out` (tile `(i, t)` at tile index `i · kc + t`).
+/// Packs tiles `(i, t)` of `x` for every row tile `i` and the chunks `t` in `chunks` into
+/// `out`.
 ///
 /// # Safety
-/// `out` must point at `row_tiles · kc` tiles that nothing else reads or writes meanwhile
-/// except other calls with disjoint `chunks`.
+/// `chunks` must lie below `out.kc`, and no other task may touch those chunks' tiles
+/// meanwhile (see [`SharedTiles::tile`]).
 #[inline(always)]
 unsafe fn pack_chunks<const WIDE: bool>(
     x: MatRef<'_>,
-    kc: usize,
-    row_tiles: usize,
+    out: SharedTiles,
     chunks: std::ops::Range<usize>,
-    out: TilesPtr,
     a_layout: bool,
 ) {
     let mut w = [[0u32; TILE]; TILE];
     for t in chunks {
-        for i in 0..row_tiles {
-            // SAFETY: (caller) tile (i, t) lies in the buffer and only this call writes it.
-            let tile = unsafe {
-                std::slice::from_raw_parts_mut(out.0.add((i * kc + t) * TILE_WORDS), TILE_WORDS)
-            };
+        for i in 0..out.row_tiles {
+            // SAFETY: (caller)
+            let tile = unsafe { out.tile(i, t) };
             pack_one::<WIDE>(x, i, t, tile, a_layout, &mut w);
         }
     }
@@ -151,14 +143,12 @@ unsafe fn pack_chunks<const WIDE: bool>(
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma")]
 unsafe fn pack_chunks_avx512(
     x: MatRef<'_>,
-    kc: usize,
-    row_tiles: usize,
+    out: SharedTiles,
     chunks: std::ops::Range<usize>,
-    out: TilesPtr,
     a_layout: bool,
 ) {
     // SAFETY: (caller)
-    unsafe { pack_chunks::<true>(x, kc, row_tiles, chunks, out, a_layout) }
+    unsafe { pack_chunks::<true>(x, out, chunks, a_layout) }
 }
 
 /// 16-row blocks per packing task: about two tasks per thread. Packing only moves values,
@@ -168,8 +158,8 @@ fn group_size(blocks: usize) -> usize {
 }
 
 /// Packs the tiles of the 16-row blocks `i0 ..` of `x: [rows, K]` that `tiles` holds (`kc`
-/// tiles per block): as A tiles (`words[r][p]`, see [`pack_a`]) when `a_layout`, as B tiles
-/// (`words[p][r]`, see [`pack_b`]) otherwise; tile `(b, t)` at tile index `b · kc + t`, or
+/// tiles per block): as A tiles (`words[r][p]`, see [`pack_view`]) when `a_layout`, as B tiles
+/// (`words[p][r]`, see [`pack_view`]) otherwise; tile `(b, t)` at tile index `b · kc + t`, or
 /// `t · blocks + b` when `chunk_major`.
 #[inline(always)]
 fn pack_tiles<const WIDE: bool>(
@@ -372,10 +362,10 @@ thread_local! {
 /// dst)` must write all of `dst` (`n` whole rows of `k` values starting at stored row `r0`,
 /// `r0` a multiple of 16) and returns its statistics, which are merged with `merge`. Each
 /// panel goes into a per-thread scratch buffer and is packed from there at once into its
-/// tiles (the A layout of [`pack_a`] when `a_layout`, else the B layout of [`pack_b`]), so
+/// tiles (the A layout of [`pack_view`] when `a_layout`, else its B layout), so
 /// the operand's f32 values never exist as a whole: one pass over the source, in cache.
 /// `buf` receives [`packed_row_tiles`]`(rows) · ⌈k / 32⌉` tiles, the same words as packing
-/// the whole `[rows, k]` result with [`pack_a`] / [`pack_b`].
+/// the whole `[rows, k]` result with [`pack_view`].
 pub(crate) fn pack_panels<S, P>(
     rows: usize,
     k: usize,
@@ -405,7 +395,7 @@ where
             }
             panel_task(n * k, &panel, r0, |v| {
                 let x = MatRef::row_major(v, n, k);
-                pack_dispatch(x, kc, tiles, (a_layout, false))
+                pack_dispatch(x, kc, 0, tiles, (a_layout, false))
             })
         })
         .reduce(S::default, merge)
@@ -443,7 +433,7 @@ where
             let n = (k - k0).min(per_task * CHUNK);
             panel_task(n * rows, &panel, k0, |v| {
                 let x = MatRef::row_major(v, n, rows).t();
-                pack_dispatch(x, n.div_ceil(CHUNK), tiles, (a_layout, true))
+                pack_dispatch(x, n.div_ceil(CHUNK), 0, tiles, (a_layout, true))
             })
         })
         .reduce(S::default, merge)
@@ -481,14 +471,14 @@ fn panel_task<S, P: Fn(usize, &mut [f32]) -> S>(
     s
 }
 
-/// [`pack_tiles`] from block 0, with AVX-512 where [`wide_packing`] allows.
+/// [`pack_tiles`] from block `i0`, with AVX-512 where [`wide_packing`] allows.
 #[inline]
-fn pack_dispatch(x: MatRef<'_>, kc: usize, tiles: &mut [u32], layout: (bool, bool)) {
+fn pack_dispatch(x: MatRef<'_>, kc: usize, i0: usize, tiles: &mut [u32], layout: (bool, bool)) {
     #[cfg(target_arch = "x86_64")]
     if wide_packing() {
         // SAFETY: `wide_packing` says the CPU has AVX-512F/BW/VL/DQ and AVX512_BF16.
-        unsafe { pack_tiles_avx512(x, kc, 0, tiles, layout) };
+        unsafe { pack_tiles_avx512(x, kc, i0, tiles, layout) };
         return;
     }
-    pack_tiles::<false>(x, kc, 0, tiles, layout);
+    pack_tiles::<false>(x, kc, i0, tiles, layout);
 }
