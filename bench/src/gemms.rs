@@ -9,13 +9,15 @@
 //! timed against the least memory traffic of any GEMM of its f32 tensors (one pass reading
 //! both operands and writing the output, `of_traffic`): at the shapes of training, whose K is
 //! small, that traffic rather than the arithmetic bounds the BF16 units, and `of_roofline`
-//! takes the larger of the two fractions. One process per thread count; every figure here is
-//! reported, not gated.
+//! takes the larger of the two fractions. Where the CPU has both BF16 units, the `vdpbf16ps`
+//! kernel that training leaves to the tiles is timed too (`bf16_pairs`, against its own
+//! peak): it is the kernel CPUs without AMX train on. One process per thread count; every
+//! figure here is reported, not gated.
 
 use std::hint::black_box;
 
 use anyhow::Result;
-use quant::gemm::bf16::{quantized_gemm_tn, Bf16Arithmetic, Bf16Workspace};
+use quant::gemm::bf16::{bf16_gemm_tn, quantized_gemm_tn, Bf16Arithmetic, Bf16Workspace};
 use quant::gemm::{sgemm, MatRef};
 use quant::qgemm::{quantized_matmul_tn, Operand};
 use quant::{GemmPolicy, OperandQuant, Quantizer, RngKey, Usage};
@@ -64,6 +66,8 @@ pub fn suite(threads: usize, rounds: usize) -> Result<Vec<Metric>> {
         Some(Bf16Arithmetic::Pairs) => Unit::Dpbf16,
         None => Unit::Fma, // BF16 operands multiply on the f32 GEMM
     };
+    // the `vdpbf16ps` kernel, where the CPU has it but training runs on the tiles
+    let pairs_too = bf16_unit == Unit::Amx && Bf16Arithmetic::Pairs.native();
     let pool = pool(threads)?;
     for &(name, m, n, k) in SHAPES {
         let a = data(m * k, 21);
@@ -111,12 +115,14 @@ pub fn suite(threads: usize, rounds: usize) -> Result<Vec<Metric>> {
         let q = |x: OperandQuant| Quantizer::new(x, usage).map(|q| q.with_key(key));
         let (nva, nvb) = (q(pick(nv).0)?, q(pick(nv).1)?);
         let (mxa, mxb) = (q(pick(mx).0)?, q(pick(mx).1)?);
-        let (mut o3, mut o4, mut o5) = (
+        let (mut o3, mut o4, mut o5, mut o6) = (
+            vec![0.0f32; m * n],
             vec![0.0f32; m * n],
             vec![0.0f32; m * n],
             vec![0.0f32; m * n],
         );
-        let mut cases = [
+        let mut pairs_ws = Bf16Workspace::new();
+        let mut cases = vec![
             Case::new("f32", || {
                 pool.install(|| sgemm(1.0, va, vb.t(), 0.0, black_box(&mut o1)))
             }),
@@ -139,15 +145,24 @@ pub fn suite(threads: usize, rounds: usize) -> Result<Vec<Metric>> {
                 pool.install(|| touch_once(&a, &b, black_box(&mut o5)))
             }),
         ];
+        if pairs_too {
+            cases.push(Case::new("bf16_pairs", || {
+                let (a, b, o) = (vab, vbb, black_box(&mut o6));
+                pool.install(|| bf16_gemm_tn(Bf16Arithmetic::Pairs, a, b, o, &mut pairs_ws))
+            }));
+        }
         let r = run_rounds(&mut cases, rounds, 3, Clock::Wall);
         let flops = 2.0 * (m * n * k) as f64;
         let shape = format!("{m}x{n}x{k}, {threads} thread(s)");
-        let cases = [
+        let mut cases = vec![
             ("f32", Unit::Fma),
             ("bf16", bf16_unit),
             ("nvfp4", bf16_unit),
             ("mxfp8", bf16_unit),
         ];
+        if pairs_too {
+            cases.push(("bf16_pairs", Unit::Dpbf16));
+        }
         for (case, unit) in cases {
             let g = flops / r.median_secs(case) / 1e9;
             out.push(Metric::absolute(
@@ -184,11 +199,15 @@ pub fn suite(threads: usize, rounds: usize) -> Result<Vec<Metric>> {
                 ));
             }
         }
-        for (case, what) in [
+        let mut vs_f32 = vec![
             ("bf16", "operand packing included"),
             ("nvfp4", "quantizing the f32 operands included"),
             ("mxfp8", "quantizing the f32 operands included"),
-        ] {
+        ];
+        if pairs_too {
+            vs_f32.push(("bf16_pairs", "operand packing included"));
+        }
+        for (case, what) in vs_f32 {
             out.push(Metric::reported_ratio(
                 format!("quant/gemm_{case}_{name}/vs_f32_{threads}t"),
                 r.ratio("f32", case),
