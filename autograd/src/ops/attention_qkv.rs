@@ -311,7 +311,7 @@ pub(crate) mod cpu {
     fn scatter(g: &mut [f32], tab: &[f32], dims: Dims, hi: usize, acc: bool, gs: [&[f32]; 3]) {
         let Dims { t, h, d } = dims;
         let c = h * d;
-        let put = |y: &mut f32, v: f32| store_over_zero(acc, y, v);
+        let put = move |y: &mut f32, v: f32| store_over_zero(acc, y, v);
         for (p, row) in g.chunks_exact_mut(3 * c).enumerate() {
             let (gq, rest) = row.split_at_mut(c);
             let (gk, gv) = rest.split_at_mut(c);
