@@ -52,7 +52,8 @@ use std::cell::Cell;
 
 use crate::config::{Fp8Scaling, OperandQuant, QuantFormat, RoundingMode, Usage};
 use crate::gemm::bf16::{
-    quantized_gemm_rounds_inputs, quantized_gemm_sides, quantized_gemm_tn, Bf16Workspace, Side,
+    quantized_gemm_rounds_inputs, quantized_gemm_sides, quantized_gemm_tn, Bf16Workspace, PackedB,
+    Side,
 };
 use crate::gemm::{sgemm, MatRef};
 use crate::{QuantError, QuantState, Quantizer};
@@ -288,6 +289,99 @@ pub fn quantized_matmul_tn_prequantized(
     r
 }
 
+/// A fake-quantized operand B kept across many products (a weight frozen between two
+/// weight syncs): its values ([`FakeOperand`]) and, where the product runs on a BF16 unit,
+/// the same values packed once into the GEMM's B tiles ([`PackedB`]), so that
+/// [`quantized_matmul_tn_frozen`] skips packing them in every call. Owning both, it cannot
+/// pair tiles with other values.
+#[derive(Clone, Debug)]
+pub struct FrozenOperand {
+    values: Vec<f32>,
+    rows: usize,
+    cols: usize,
+    factor: f32,
+    quantized: bool,
+    tiles: Option<PackedB>,
+}
+
+impl FrozenOperand {
+    /// Keeps a copy of `b` (a row-major `[outer, K]` or transposed view) and, when it is
+    /// quantized and a BF16 unit runs, its packed tiles.
+    ///
+    /// ```
+    /// use quant::qgemm::{fake_operand, quantized_matmul_tn_frozen, quantized_matmul_tn_prequantized, FrozenOperand, Operand};
+    /// use quant::{GemmPolicy, MatRef, Quantizer, Usage};
+    /// let p = GemmPolicy::nvfp4_paper();
+    /// let x: Vec<f32> = (0..32 * 16).map(|i| (i as f32 * 0.37).sin()).collect();
+    /// let w: Vec<f32> = (0..16 * 16).map(|i| (i as f32 * 0.11).cos()).collect();
+    /// let (xq, wq) = (Quantizer::new(p.fprop.a, Usage::Rowwise)?, Quantizer::new(p.fprop.b, Usage::Rowwise)?);
+    /// let (x, w) = (MatRef::new(&x, 32, 16)?, MatRef::new(&w, 16, 16)?);
+    /// let mut wbuf = vec![0.0f32; 16 * 16];
+    /// let wf = fake_operand(Operand::new(w, wq), &mut wbuf)?;
+    /// let frozen = FrozenOperand::new(wf);
+    /// let (mut y1, mut y2) = (vec![0.0f32; 32 * 16], vec![0.0f32; 32 * 16]);
+    /// quantized_matmul_tn_frozen(Operand::new(x, xq), &frozen, &mut y1)?;
+    /// quantized_matmul_tn_prequantized(Operand::new(x, xq), wf, &mut y2)?;
+    /// assert_eq!(y1, y2);
+    /// # Ok::<(), quant::QuantError>(())
+    /// ```
+    pub fn new(b: FakeOperand<'_>) -> FrozenOperand {
+        let v = b.values;
+        let values: Vec<f32> = (0..v.rows)
+            .flat_map(|r| (0..v.cols).map(move |c| v.data[r * v.row_stride + c * v.col_stride]))
+            .collect();
+        let kept = MatRef::row_major(&values, v.rows, v.cols);
+        let tiles = if b.quantized {
+            PackedB::new(kept)
+        } else {
+            None
+        };
+        FrozenOperand {
+            rows: v.rows,
+            cols: v.cols,
+            factor: b.factor,
+            quantized: b.quantized,
+            tiles,
+            values,
+        }
+    }
+
+    /// The kept operand as a [`FakeOperand`] (`[outer, K]`).
+    pub fn fake(&self) -> FakeOperand<'_> {
+        FakeOperand {
+            values: MatRef::row_major(&self.values, self.rows, self.cols),
+            factor: self.factor,
+            quantized: self.quantized,
+        }
+    }
+}
+
+/// [`quantized_matmul_tn_prequantized`] with a [`FrozenOperand`] as B: the same product bit
+/// for bit, its B tiles read as packed once instead of packed again.
+///
+/// Errors: as [`quantized_matmul_tn`].
+pub fn quantized_matmul_tn_frozen(
+    a: Operand<'_>,
+    b: &FrozenOperand,
+    out: &mut [f32],
+) -> Result<(), QuantError> {
+    let qa = a.quantizer.quantizes();
+    let tiles = match &b.tiles {
+        Some(t) if qa && quantized_gemm_rounds_inputs() => t,
+        _ => return quantized_matmul_tn_prequantized(a, b.fake(), out),
+    };
+    a.x.contiguous()?;
+    let (m, ka) = a.gemm_shape();
+    check_shapes(m, ka, b.rows, b.cols, out)?;
+    let mut ws = WORKSPACE.with(|c| c.take()).unwrap_or_default();
+    let GemmWorkspace { a: wa, packed, .. } = &mut *ws;
+    let b_side = (Side::PackedB(tiles), b.factor, true);
+    let r = prepare(a, wa, (&mut packed.a, true), true)
+        .map(|(av, fa)| finish((av, fa, qa), b_side, out, packed));
+    WORKSPACE.with(|c| c.set(Some(ws)));
+    r
+}
+
 /// Both operands must transform the reduction dimension with the same Hadamard signs (or not
 /// at all): otherwise the product itself changes. Random signs are allowed when the two keys
 /// give the same mask.
@@ -336,6 +430,7 @@ fn finish(
     let k = match av {
         Side::View(v) => v.cols,
         Side::Packed { k, .. } => k,
+        Side::PackedB(p) => p.dims().1,
     };
     match (av, bv) {
         (Side::View(a), Side::View(b)) if qa && qb => quantized_gemm_tn(a, b, out, packed),

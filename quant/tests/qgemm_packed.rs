@@ -13,7 +13,7 @@ use fp_formats::mx::{MxElement, ScaleRule};
 use quant::gemm::bf16::{quantized_gemm_tn, Bf16Workspace};
 use quant::gemm::MatRef;
 use quant::qgemm::{fake_operand, quantized_matmul_tn_prequantized, quantized_matmul_tn_with};
-use quant::qgemm::{GemmWorkspace, Operand};
+use quant::qgemm::{quantized_matmul_tn_frozen, FrozenOperand, GemmWorkspace, Operand};
 use quant::{
     AmaxAlgo, BlockShape, Fp8Element, Fp8Scaling, OperandQuant, QuantError, QuantFormat,
     QuantState, Rht, RngKey, RoundingMode, Usage,
@@ -158,6 +158,22 @@ fn run(
             same,
             "{qa:?} x prequantized {qb:?}, [{m}, {n}, {k}], {threads} threads"
         );
+        // ... and kept with its tiles packed once (the RL sampler's frozen W), twice over
+        let frozen = FrozenOperand::new(wf);
+        for _ in 0..2 {
+            let mut sa3 = sa.clone();
+            let mut got3 = vec![f32::NAN; m * n];
+            let xa3 = Operand::new(ma, xa).with_state(&mut sa3);
+            quantized_matmul_tn_frozen(xa3, &frozen, &mut got3).unwrap();
+            let same = got3
+                .iter()
+                .zip(&want)
+                .all(|(x, y)| x.to_bits() == y.to_bits());
+            assert!(
+                same,
+                "{qa:?} x frozen {qb:?}, [{m}, {n}, {k}], {threads} threads"
+            );
+        }
         (got, [ga, gb])
     })
 }
@@ -234,5 +250,37 @@ fn packed_path_reports_non_finite_input() {
             }
             (r, w) => panic!("{q:?}: {r:?} vs {w:?}"),
         }
+    }
+}
+
+/// A frozen operand also serves FP32 inputs (the f32 GEMM on its kept values), transposed
+/// views (kept as copied) and unquantized values, with the prequantized path's bits, and its
+/// shape is checked against the output.
+#[test]
+fn frozen_operands_fall_back_and_check_shapes() {
+    let (m, n, k) = (37, 45, 70);
+    let (a, w) = (data(m * k, 3), data(n * k, 4));
+    let ma = MatRef::new(&a, m, k).unwrap();
+    let key = RngKey { seed: 1, stream: 2 };
+    let fs = formats();
+    for (qa, qb) in [
+        (fs[0], fs[0]),
+        (OperandQuant::F32, fs[0]),
+        (fs[0], OperandQuant::F32),
+    ] {
+        let xa = quantizer(&qa, Usage::Rowwise, key).unwrap();
+        let xb = quantizer(&qb, Usage::Columnwise, key).unwrap();
+        // W as `[K, N]`, quantized columnwise: its operand is a transposed view
+        let mut wbuf = vec![0.0f32; n * k];
+        let wf = fake_operand(Operand::new(MatRef::new(&w, k, n).unwrap(), xb), &mut wbuf).unwrap();
+        let frozen = FrozenOperand::new(wf);
+        let (mut want, mut got) = (vec![0.0f32; m * n], vec![f32::NAN; m * n]);
+        quantized_matmul_tn_prequantized(Operand::new(ma, xa), wf, &mut want).unwrap();
+        quantized_matmul_tn_frozen(Operand::new(ma, xa), &frozen, &mut got).unwrap();
+        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+        assert_eq!(bits(&got), bits(&want), "{qa:?} x frozen {qb:?}");
+        let mut short = vec![0.0f32; m * n - 1];
+        let err = quantized_matmul_tn_frozen(Operand::new(ma, xa), &frozen, &mut short);
+        assert!(matches!(err, Err(QuantError::GemmShape(_))), "{err:?}");
     }
 }

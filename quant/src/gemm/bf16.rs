@@ -335,6 +335,8 @@ pub(crate) enum Side<'a> {
         /// block-major ([`super::pack::pack_panels`]).
         chunk_major: bool,
     },
+    /// B's tiles, packed once by the caller ([`PackedB`]; the B side only).
+    PackedB(&'a PackedB),
 }
 
 impl Side<'_> {
@@ -342,7 +344,53 @@ impl Side<'_> {
         match self {
             Side::View(v) => (v.rows, v.cols),
             Side::Packed { rows, k, .. } => (*rows, *k),
+            Side::PackedB(p) => (p.rows, p.k),
         }
+    }
+}
+
+/// An operand packed once into the B tiles of [`quantized_gemm_tn`], for products that
+/// reuse it (a weight frozen between two syncs of an RL sampler: its decode steps then
+/// skip packing it). The tiles are exactly those the GEMM would pack from the same view, so
+/// the products are the same bits. Made only where a BF16 unit runs.
+#[derive(Clone, Debug)]
+pub struct PackedB {
+    words: Vec<u32>,
+    rows: usize,
+    k: usize,
+}
+
+impl PackedB {
+    /// `b: [N, K]` (any strides) packed as B, or `None` where no BF16 unit runs (there the
+    /// product runs on the f32 GEMM, which packs nothing of its own).
+    ///
+    /// # Panics
+    /// If the view does not fit its storage.
+    ///
+    /// ```
+    /// use quant::gemm::{bf16::{quantized_gemm_arithmetic, PackedB}, MatRef};
+    /// let b = [1.0f32, 0.0, 0.0, 1.0, 1.0, 1.0]; // [3, 2]
+    /// let packed = PackedB::new(MatRef::row_major(&b, 3, 2));
+    /// assert_eq!(packed.is_some(), quantized_gemm_arithmetic().is_some());
+    /// if let Some(p) = packed {
+    ///     assert_eq!(p.dims(), (3, 2));
+    /// }
+    /// ```
+    pub fn new(b: MatRef<'_>) -> Option<PackedB> {
+        quantized_gemm_arithmetic()?;
+        assert!(b.fits(), "PackedB::new: the view exceeds its storage");
+        let mut words = Vec::new();
+        pack_view(b, false, &mut words);
+        Some(PackedB {
+            words,
+            rows: b.rows,
+            k: b.cols,
+        })
+    }
+
+    /// `(N, K)` of the packed operand.
+    pub fn dims(&self) -> (usize, usize) {
+        (self.rows, self.k)
     }
 }
 
@@ -386,12 +434,18 @@ fn gemm_sides(unit: Unit, a: Side<'_>, b: Side<'_>, out: &mut [f32], ws: &mut Bf
     match a {
         Side::View(a) => pack_view(a, true, &mut ws.a),
         Side::Packed { .. } => assert!(ws.a.len() >= mb * 2 * kc * TILE_WORDS),
+        Side::PackedB(_) => panic!("bf16_gemm_tn: B's tiles given as operand A"),
     }
-    match b {
-        Side::View(b) => pack_view(b, false, &mut ws.b),
-        Side::Packed { .. } => assert!(ws.b.len() >= nb * 2 * kc * TILE_WORDS),
-    }
-    let (pa, pb) = (&ws.a[..], &ws.b[..]);
+    let pb: &[u32] = match b {
+        Side::View(b) => {
+            pack_view(b, false, &mut ws.b);
+            &ws.b
+        }
+        Side::Packed { .. } => &ws.b,
+        Side::PackedB(p) => &p.words,
+    };
+    assert!(pb.len() >= nb * 2 * kc * TILE_WORDS);
+    let pa = &ws.a[..];
     // Each task owns a group of 32-row blocks of the output (written by it alone) and runs
     // over K in slabs of `slab` chunks, all its blocks per slab, so that the slab of B's tiles
     // is reused from the cache by every block of the group. An output element still takes its

@@ -1,8 +1,10 @@
 //! The sampler's linear layers between two weight syncs: every weight fake-quantized once
 //! (`quant::qgemm::fake_operand`, the function the training forward itself uses to quantize a
-//! weight once for Fprop and Dgrad), every activation quantized per call and multiplied
-//! through `quant::qgemm::quantized_matmul_tn_prequantized`, which is bit for bit the
-//! training forward's `quantized_matmul_tn` with the same settings. Random keys are those of a
+//! weight once for Fprop and Dgrad) and kept as a `quant::qgemm::FrozenOperand` (packed once
+//! into the BF16 GEMM's tiles where that GEMM runs, so decode steps do not pack it again),
+//! every activation quantized per call and multiplied through
+//! `quant::qgemm::quantized_matmul_tn_frozen`, which is bit for bit the training forward's
+//! `quantized_matmul_tn` with the same settings. Random keys are those of a
 //! graph with seed 0 at step 0 (`autograd::gemm_stream`), as the RL trainer's recomputation
 //! uses; Fprop rounds to nearest in every built-in recipe, so they draw nothing.
 //!
@@ -16,7 +18,7 @@
 
 use autograd::{gemm_stream, Graph, OperandRole, ParamStore, Tensor};
 use quant::gemm::MatRef;
-use quant::qgemm::{fake_operand, quantized_matmul_tn_prequantized, FakeOperand, Operand};
+use quant::qgemm::{fake_operand, quantized_matmul_tn_frozen, FrozenOperand, Operand};
 use quant::{Fp8Scaling, GemmPolicy, QuantFormat, QuantState, Quantizer, RngKey, Usage};
 
 use crate::model::{layer_stream, Gpt, ModelError};
@@ -25,11 +27,10 @@ use crate::recipe::Recipe;
 /// One linear layer's frozen weight.
 #[derive(Clone, Debug)]
 struct FrozenLinear {
-    values: Vec<f32>,
+    /// The fake-quantized weight, packed once for the BF16 GEMM where it runs.
+    w: FrozenOperand,
     rows: usize,
     cols: usize,
-    factor: f32,
-    quantized: bool,
     policy: GemmPolicy,
     stream: u64,
     x_state: QuantState,
@@ -85,13 +86,10 @@ impl FrozenLinears {
             let op = Operand::new(x, quantizer.with_key(key(stream, OperandRole::FpropW)?))
                 .with_state(w_state);
             let wf = fake_operand(op, &mut values).map_err(|e| ModelError::Autograd(e.into()))?;
-            let (factor, quantized) = (wf.factor, wf.quantized);
             layers.push(FrozenLinear {
-                values,
+                w: FrozenOperand::new(wf),
                 rows,
                 cols,
-                factor,
-                quantized,
                 policy,
                 stream,
                 x_state: x_state.clone(),
@@ -159,14 +157,8 @@ impl FrozenLinears {
         let x = MatRef::new(data, rows, l.cols).map_err(qerr)?;
         let xa = Operand::new(x, quantizer.with_key(key(l.stream, OperandRole::FpropX)?))
             .with_state(&mut state);
-        let wf = FakeOperand {
-            values: MatRef::row_major(&l.values, l.rows, l.cols),
-            factor: l.factor,
-            quantized: l.quantized,
-        };
         let mut y = vec![0.0f32; rows * l.rows];
-        quantized_matmul_tn_prequantized(xa, wf, &mut y)
-            .map_err(|e| ModelError::Autograd(e.into()))?;
+        quantized_matmul_tn_frozen(xa, &l.w, &mut y).map_err(|e| ModelError::Autograd(e.into()))?;
         y.truncate(m * l.rows);
         let mut dims = shape.dims().to_vec();
         *dims.last_mut().expect("rank >= 1") = l.rows;
