@@ -274,15 +274,25 @@ pub fn quantized_matmul_tn_prequantized(
     b: FakeOperand<'_>,
     out: &mut [f32],
 ) -> Result<(), QuantError> {
+    let b_side = (Side::View(b.values), b.factor, b.quantized);
+    with_kept_b(a, b_side, (b.values.rows, b.values.cols), out)
+}
+
+/// `out = α · Â · Bᵀ` for an operand B the caller keeps (`(side, factor, quantized)`,
+/// `(N, K)`), A quantized in the call on this thread's workspace.
+fn with_kept_b(
+    a: Operand<'_>,
+    b_side: (Side<'_>, f32, bool),
+    (n, kb): (usize, usize),
+    out: &mut [f32],
+) -> Result<(), QuantError> {
     a.x.contiguous()?;
     let (m, ka) = a.gemm_shape();
-    let (n, kb) = (b.values.rows, b.values.cols);
     check_shapes(m, ka, n, kb, out)?;
     let mut ws = WORKSPACE.with(|c| c.take()).unwrap_or_default();
     let qa = a.quantizer.quantizes();
     let GemmWorkspace { a: wa, packed, .. } = &mut *ws;
-    let rounds = qa && b.quantized && quantized_gemm_rounds_inputs();
-    let b_side = (Side::View(b.values), b.factor, b.quantized);
+    let rounds = qa && b_side.2 && quantized_gemm_rounds_inputs();
     let r = prepare(a, wa, (&mut packed.a, true), rounds)
         .map(|(av, fa)| finish((av, fa, qa), b_side, out, packed));
     WORKSPACE.with(|c| c.set(Some(ws)));
@@ -365,21 +375,14 @@ pub fn quantized_matmul_tn_frozen(
     b: &FrozenOperand,
     out: &mut [f32],
 ) -> Result<(), QuantError> {
-    let qa = a.quantizer.quantizes();
-    let tiles = match &b.tiles {
-        Some(t) if qa && quantized_gemm_rounds_inputs() => t,
-        _ => return quantized_matmul_tn_prequantized(a, b.fake(), out),
-    };
-    a.x.contiguous()?;
-    let (m, ka) = a.gemm_shape();
-    check_shapes(m, ka, b.rows, b.cols, out)?;
-    let mut ws = WORKSPACE.with(|c| c.take()).unwrap_or_default();
-    let GemmWorkspace { a: wa, packed, .. } = &mut *ws;
-    let b_side = (Side::PackedB(tiles), b.factor, true);
-    let r = prepare(a, wa, (&mut packed.a, true), true)
-        .map(|(av, fa)| finish((av, fa, qa), b_side, out, packed));
-    WORKSPACE.with(|c| c.set(Some(ws)));
-    r
+    // the tiles serve only a product on the BF16 unit, i.e. with A quantized too
+    match &b.tiles {
+        Some(t) if a.quantizer.quantizes() && quantized_gemm_rounds_inputs() => {
+            let b_side = (Side::PackedB(t), b.factor, b.quantized);
+            with_kept_b(a, b_side, (b.rows, b.cols), out)
+        }
+        _ => quantized_matmul_tn_prequantized(a, b.fake(), out),
+    }
 }
 
 /// Both operands must transform the reduction dimension with the same Hadamard signs (or not
