@@ -318,6 +318,8 @@ impl FrozenOperand {
     /// Keeps a copy of `b` (a row-major `[outer, K]` or transposed view) and, when it is
     /// quantized and a BF16 unit runs, its packed tiles.
     ///
+    /// Errors: [`QuantError::InvalidConfig`] when `b`'s view does not fit its storage.
+    ///
     /// ```
     /// use quant::qgemm::{fake_operand, quantized_matmul_tn_frozen, quantized_matmul_tn_prequantized, FrozenOperand, Operand};
     /// use quant::{GemmPolicy, MatRef, Quantizer, Usage};
@@ -328,15 +330,25 @@ impl FrozenOperand {
     /// let (x, w) = (MatRef::new(&x, 32, 16)?, MatRef::new(&w, 16, 16)?);
     /// let mut wbuf = vec![0.0f32; 16 * 16];
     /// let wf = fake_operand(Operand::new(w, wq), &mut wbuf)?;
-    /// let frozen = FrozenOperand::new(wf);
+    /// let frozen = FrozenOperand::new(wf)?;
     /// let (mut y1, mut y2) = (vec![0.0f32; 32 * 16], vec![0.0f32; 32 * 16]);
     /// quantized_matmul_tn_frozen(Operand::new(x, xq), &frozen, &mut y1)?;
     /// quantized_matmul_tn_prequantized(Operand::new(x, xq), wf, &mut y2)?;
     /// assert_eq!(y1, y2);
     /// # Ok::<(), quant::QuantError>(())
     /// ```
-    pub fn new(b: FakeOperand<'_>) -> FrozenOperand {
+    pub fn new(b: FakeOperand<'_>) -> Result<FrozenOperand, QuantError> {
         let v = b.values;
+        if !v.fits() {
+            return Err(QuantError::InvalidConfig(format!(
+                "a [{}, {}] view with strides ({}, {}) reads past its {} values",
+                v.rows,
+                v.cols,
+                v.row_stride,
+                v.col_stride,
+                v.data.len()
+            )));
+        }
         let values: Vec<f32> = (0..v.rows)
             .flat_map(|r| (0..v.cols).map(move |c| v.data[r * v.row_stride + c * v.col_stride]))
             .collect();
@@ -346,14 +358,14 @@ impl FrozenOperand {
         } else {
             None
         };
-        FrozenOperand {
+        Ok(FrozenOperand {
             rows: v.rows,
             cols: v.cols,
             factor: b.factor,
             quantized: b.quantized,
             tiles,
             values,
-        }
+        })
     }
 
     /// The kept operand as a [`FakeOperand`] (`[outer, K]`).

@@ -13,7 +13,9 @@ use fp_formats::mx::{MxElement, ScaleRule};
 use quant::gemm::bf16::{quantized_gemm_tn, Bf16Workspace};
 use quant::gemm::MatRef;
 use quant::qgemm::{fake_operand, quantized_matmul_tn_prequantized, quantized_matmul_tn_with};
-use quant::qgemm::{quantized_matmul_tn_frozen, FrozenOperand, GemmWorkspace, Operand};
+use quant::qgemm::{
+    quantized_matmul_tn_frozen, FakeOperand, FrozenOperand, GemmWorkspace, Operand,
+};
 use quant::{
     AmaxAlgo, BlockShape, Fp8Element, Fp8Scaling, OperandQuant, QuantError, QuantFormat,
     QuantState, Rht, RngKey, RoundingMode, Usage,
@@ -159,7 +161,7 @@ fn run(
             "{qa:?} x prequantized {qb:?}, [{m}, {n}, {k}], {threads} threads"
         );
         // ... and kept with its tiles packed once (the RL sampler's frozen W), twice over
-        let frozen = FrozenOperand::new(wf);
+        let frozen = FrozenOperand::new(wf).unwrap();
         for _ in 0..2 {
             let mut sa3 = sa.clone();
             let mut got3 = vec![f32::NAN; m * n];
@@ -273,7 +275,7 @@ fn frozen_operands_fall_back_and_check_shapes() {
         // W as `[K, N]`, quantized columnwise: its operand is a transposed view
         let mut wbuf = vec![0.0f32; n * k];
         let wf = fake_operand(Operand::new(MatRef::new(&w, k, n).unwrap(), xb), &mut wbuf).unwrap();
-        let frozen = FrozenOperand::new(wf);
+        let frozen = FrozenOperand::new(wf).unwrap();
         let (mut want, mut got) = (vec![0.0f32; m * n], vec![f32::NAN; m * n]);
         quantized_matmul_tn_prequantized(Operand::new(ma, xa), wf, &mut want).unwrap();
         quantized_matmul_tn_frozen(Operand::new(ma, xa), &frozen, &mut got).unwrap();
@@ -283,4 +285,18 @@ fn frozen_operands_fall_back_and_check_shapes() {
         let err = quantized_matmul_tn_frozen(Operand::new(ma, xa), &frozen, &mut short);
         assert!(matches!(err, Err(QuantError::GemmShape(_))), "{err:?}");
     }
+    // a hand-made view that reads past its values is refused, not read
+    let bad = FakeOperand {
+        values: MatRef {
+            data: &w[..10],
+            rows: 4,
+            cols: 4,
+            row_stride: 4,
+            col_stride: 1,
+        },
+        factor: 1.0,
+        quantized: true,
+    };
+    let err = FrozenOperand::new(bad);
+    assert!(matches!(err, Err(QuantError::InvalidConfig(_))), "{err:?}");
 }

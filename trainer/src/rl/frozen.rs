@@ -87,7 +87,7 @@ impl FrozenLinears {
                 .with_state(w_state);
             let wf = fake_operand(op, &mut values).map_err(|e| ModelError::Autograd(e.into()))?;
             layers.push(FrozenLinear {
-                w: FrozenOperand::new(wf),
+                w: FrozenOperand::new(wf).map_err(qerr)?,
                 rows,
                 cols,
                 policy,
