@@ -473,7 +473,7 @@ fn gemm_sides(unit: Unit, a: Side<'_>, b: Side<'_>, out: &mut [f32], ws: &mut Bf
                         let tiles = (a_blk, b_blk, kn);
                         if m_here == BLOCK && n_here == BLOCK {
                             // a whole block: straight into the output rows
-                            block(unit, tiles, acc, &mut rows[jb * BLOCK..], n);
+                            block(unit, tiles, acc, &mut rows[jb * BLOCK..], n, BLOCK);
                         } else {
                             if acc {
                                 for r in 0..m_here {
@@ -481,7 +481,7 @@ fn gemm_sides(unit: Unit, a: Side<'_>, b: Side<'_>, out: &mut [f32], ws: &mut Bf
                                         .copy_from_slice(&rows[r * n + jb * BLOCK..][..n_here]);
                                 }
                             }
-                            block(unit, tiles, acc, &mut c, BLOCK);
+                            block(unit, tiles, acc, &mut c, BLOCK, m_here);
                             for r in 0..m_here {
                                 rows[r * n + jb * BLOCK..][..n_here]
                                     .copy_from_slice(&c[r * BLOCK..][..n_here]);
@@ -553,7 +553,8 @@ impl Tiles<'_> {
 /// One 32 x 32 output block over `chunks` chunks of `(a, b, chunks)` (see [`Tiles`] and
 /// [`super::amx::block_2x2`]), accumulated into `c` (row stride `ldc`; tile `(i, j)`: rows
 /// `16i ..`, columns `16j ..`) when `acc`, written over it otherwise, on `unit`. `c` must
-/// hold `31 · ldc + 32` elements.
+/// hold `31 · ldc + 32` elements; only its first `rows` rows are wanted (the pair kernel
+/// skips 8-row groups past them; their contents are then unspecified).
 #[inline]
 fn block(
     unit: Unit,
@@ -561,6 +562,7 @@ fn block(
     acc: bool,
     c: &mut [f32],
     ldc: usize,
+    rows: usize,
 ) {
     assert!(ldc >= BLOCK && c.len() >= (BLOCK - 1) * ldc + BLOCK);
     assert!(a.holds(chunks) && b.holds(chunks));
@@ -579,7 +581,7 @@ fn block(
                 if unit == Unit::Amx {
                     super::amx::block_2x2(pa, pb, chunks, c.as_mut_ptr(), ldc, acc)
                 } else {
-                    super::dpbf16::block_2x2(pa, pb, chunks, c.as_mut_ptr(), ldc, acc)
+                    super::dpbf16::block_2x2(pa, pb, chunks, c.as_mut_ptr(), ldc, acc, rows)
                 }
             };
             return;

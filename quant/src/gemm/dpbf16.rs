@@ -170,7 +170,9 @@ unsafe fn rows8(
 /// arguments of [`super::amx::block_2x2`]: `a = (ptr, run, step)` points at packed A tile
 /// `(0, 0)`, tile `(i, t)` (`i < 2`) at `(i · run + t · step) · 512` BF16 from it; `b`
 /// likewise; tile `(i, j)` of C at `c + 16 i · ldc + 16 j` (row stride `ldc` f32). With
-/// `acc` the sums start from C's values, else from zero.
+/// `acc` the sums start from C's values, else from zero. Only the 8-row groups that hold
+/// one of the first `rows` rows are computed (a partial block's others are not wanted: a
+/// one-row decode step then costs one group, not four); the others are left as they were.
 ///
 /// # Safety
 /// The CPU must have AVX-512F and AVX512_BF16 ([`fp_formats::cpu::has_avx512_bf16`]); `a`
@@ -183,12 +185,16 @@ pub(super) unsafe fn block_2x2(
     c: *mut f32,
     ldc: usize,
     acc: bool,
+    rows: usize,
 ) {
     const TILE_BYTES: usize = 1024;
     let b0 = b.cast::<u8>();
     let b1 = b0.add(b_run * TILE_BYTES);
     for i in 0..2 {
         for half in 0..2 {
+            if 16 * i + 8 * half >= rows {
+                return;
+            }
             let rows = a.cast::<u8>().add(i * a_run * TILE_BYTES + half * 8 * 64);
             let c_rows = c.add((16 * i + 8 * half) * ldc);
             rows8(
