@@ -368,6 +368,11 @@ impl FrozenOperand {
         })
     }
 
+    /// `(outer, K)` of the kept operand.
+    pub fn dims(&self) -> (usize, usize) {
+        (self.rows, self.cols)
+    }
+
     /// The kept operand as a [`FakeOperand`] (`[outer, K]`).
     pub fn fake(&self) -> FakeOperand<'_> {
         FakeOperand {
@@ -387,9 +392,10 @@ pub fn quantized_matmul_tn_frozen(
     b: &FrozenOperand,
     out: &mut [f32],
 ) -> Result<(), QuantError> {
-    // the tiles serve only a product on the BF16 unit, i.e. with A quantized too
+    // the tiles exist only where a BF16 unit runs, and serve only a product on it, i.e.
+    // with A quantized too
     match &b.tiles {
-        Some(t) if a.quantizer.quantizes() && quantized_gemm_rounds_inputs() => {
+        Some(t) if a.quantizer.quantizes() => {
             let b_side = (Side::PackedB(t), b.factor, b.quantized);
             with_kept_b(a, b_side, (b.rows, b.cols), out)
         }

@@ -21,6 +21,11 @@ use quant::{
     QuantState, Rht, RngKey, RoundingMode, Usage,
 };
 
+/// Whether two results are the same bits element for element.
+fn same_bits(x: &[f32], y: &[f32]) -> bool {
+    x.len() == y.len() && x.iter().zip(y).all(|(x, y)| x.to_bits() == y.to_bits())
+}
+
 fn data(n: usize, seed: u32) -> Vec<f32> {
     (0..n)
         .map(|i| {
@@ -128,12 +133,8 @@ fn run(
             &mut GemmWorkspace::new(),
         )
         .unwrap();
-        let same = got
-            .iter()
-            .zip(&want)
-            .all(|(x, y)| x.to_bits() == y.to_bits());
         assert!(
-            same,
+            same_bits(&got, &want),
             "{qa:?} x {qb:?} {usage:?}, [{m}, {n}, {k}], {threads} threads"
         );
         assert_eq!(
@@ -152,12 +153,8 @@ fn run(
         let mut got2 = vec![f32::NAN; m * n];
         quantized_matmul_tn_prequantized(Operand::new(ma, xa).with_state(&mut sa2), wf, &mut got2)
             .unwrap();
-        let same = got2
-            .iter()
-            .zip(&want)
-            .all(|(x, y)| x.to_bits() == y.to_bits());
         assert!(
-            same,
+            same_bits(&got2, &want),
             "{qa:?} x prequantized {qb:?}, [{m}, {n}, {k}], {threads} threads"
         );
         // ... and kept with its tiles packed once (the RL sampler's frozen W), twice over
@@ -167,12 +164,8 @@ fn run(
             let mut got3 = vec![f32::NAN; m * n];
             let xa3 = Operand::new(ma, xa).with_state(&mut sa3);
             quantized_matmul_tn_frozen(xa3, &frozen, &mut got3).unwrap();
-            let same = got3
-                .iter()
-                .zip(&want)
-                .all(|(x, y)| x.to_bits() == y.to_bits());
             assert!(
-                same,
+                same_bits(&got3, &want),
                 "{qa:?} x frozen {qb:?}, [{m}, {n}, {k}], {threads} threads"
             );
         }
@@ -196,10 +189,7 @@ fn packed_operands_equal_the_whole_operand_path() {
         let (first, states) = run((qa, qb, *usage), dims, 1);
         for threads in [2, 3] {
             let (other, st) = run((qa, qb, *usage), dims, threads);
-            assert!(first
-                .iter()
-                .zip(&other)
-                .all(|(x, y)| x.to_bits() == y.to_bits()));
+            assert!(same_bits(&first, &other));
             assert_eq!(states[0].scale(), st[0].scale());
         }
     }
@@ -279,8 +269,7 @@ fn frozen_operands_fall_back_and_check_shapes() {
         let (mut want, mut got) = (vec![0.0f32; m * n], vec![f32::NAN; m * n]);
         quantized_matmul_tn_prequantized(Operand::new(ma, xa), wf, &mut want).unwrap();
         quantized_matmul_tn_frozen(Operand::new(ma, xa), &frozen, &mut got).unwrap();
-        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
-        assert_eq!(bits(&got), bits(&want), "{qa:?} x frozen {qb:?}");
+        assert!(same_bits(&got, &want), "{qa:?} x frozen {qb:?}");
         let mut short = vec![0.0f32; m * n - 1];
         let err = quantized_matmul_tn_frozen(Operand::new(ma, xa), &frozen, &mut short);
         assert!(matches!(err, Err(QuantError::GemmShape(_))), "{err:?}");

@@ -27,10 +27,8 @@ use crate::recipe::Recipe;
 /// One linear layer's frozen weight.
 #[derive(Clone, Debug)]
 struct FrozenLinear {
-    /// The fake-quantized weight, packed once for the BF16 GEMM where it runs.
+    /// The fake-quantized weight (`[out, in]`), packed once for the BF16 GEMM where it runs.
     w: FrozenOperand,
-    rows: usize,
-    cols: usize,
     policy: GemmPolicy,
     stream: u64,
     x_state: QuantState,
@@ -88,8 +86,6 @@ impl FrozenLinears {
             let wf = fake_operand(op, &mut values).map_err(|e| ModelError::Autograd(e.into()))?;
             layers.push(FrozenLinear {
                 w: FrozenOperand::new(wf).map_err(qerr)?,
-                rows,
-                cols,
                 policy,
                 stream,
                 x_state: x_state.clone(),
@@ -130,11 +126,12 @@ impl FrozenLinears {
         let l = self.layers.get(index).ok_or_else(|| {
             ModelError::Invalid(format!("no linear layer {index} of {}", self.layers.len()))
         })?;
+        let (n_out, n_in) = l.w.dims();
         let shape = g.shape(x)?;
-        if shape.last() != l.cols {
+        if shape.last() != n_in {
             return Err(ModelError::Invalid(format!(
                 "linear layer {index} takes {} inputs, got {shape}",
-                l.cols
+                n_in
             )));
         }
         if g.device() == autograd::Device::Cuda {
@@ -146,7 +143,7 @@ impl FrozenLinears {
         let clipped: Vec<f32>;
         let (data, rows) = match self.clip(index) {
             Some(a) => {
-                clipped = clip_rows(xv, a, l.cols);
+                clipped = clip_rows(xv, a, n_in);
                 (&clipped[..], m + 1)
             }
             None => (xv, m),
@@ -154,14 +151,14 @@ impl FrozenLinears {
         let mut state = l.x_state.clone();
         let qerr = |e: quant::QuantError| ModelError::Autograd(e.into());
         let quantizer = Quantizer::new(l.policy.fprop.a, Usage::Rowwise).map_err(qerr)?;
-        let x = MatRef::new(data, rows, l.cols).map_err(qerr)?;
+        let x = MatRef::new(data, rows, n_in).map_err(qerr)?;
         let xa = Operand::new(x, quantizer.with_key(key(l.stream, OperandRole::FpropX)?))
             .with_state(&mut state);
-        let mut y = vec![0.0f32; rows * l.rows];
+        let mut y = vec![0.0f32; rows * n_out];
         quantized_matmul_tn_frozen(xa, &l.w, &mut y).map_err(|e| ModelError::Autograd(e.into()))?;
-        y.truncate(m * l.rows);
+        y.truncate(m * n_out);
         let mut dims = shape.dims().to_vec();
-        *dims.last_mut().expect("rank >= 1") = l.rows;
+        *dims.last_mut().expect("rank >= 1") = n_out;
         let out = g.input(&y, &dims)?;
         Ok((out, amax))
     }
@@ -189,6 +186,7 @@ impl FrozenLinears {
         index: usize,
     ) -> Result<(Tensor, f32), ModelError> {
         let l = &self.layers[index];
+        let (n_out, n_in) = l.w.dims();
         let xv = g.to_vec(x)?;
         let amax = xv.iter().fold(0.0f32, |a, v| a.max(v.abs()));
         let w = g.param(l.param)?;
@@ -197,12 +195,12 @@ impl FrozenLinears {
         };
         let shape = g.shape(x)?;
         let m = shape.rows();
-        let xin = g.input(&clip_rows(&xv, a, l.cols), &[m + 1, l.cols])?;
+        let xin = g.input(&clip_rows(&xv, a, n_in), &[m + 1, n_in])?;
         let y = g.linear(xin, w, None, &l.policy, l.stream)?;
-        let flat = g.reshape(y, &[1, (m + 1) * l.rows])?;
-        let kept = g.split(flat, &[m * l.rows, l.rows])?[0];
+        let flat = g.reshape(y, &[1, (m + 1) * n_out])?;
+        let kept = g.split(flat, &[m * n_out, n_out])?[0];
         let mut dims = shape.dims().to_vec();
-        *dims.last_mut().expect("rank >= 1") = l.rows;
+        *dims.last_mut().expect("rank >= 1") = n_out;
         Ok((g.reshape(kept, &dims)?, amax))
     }
 }
