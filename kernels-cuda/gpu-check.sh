@@ -21,12 +21,20 @@
 # benchmark tables), tests.log (full test output), bench.txt / bench.json (quantizers, GEMMs),
 # train-bench.txt / train-bench.json (training kernels), env.txt.
 #
-# Runtime on a 16-core H200 machine: expected 6-8 minutes; the per-step timeouts cap it at
-# about 13 minutes (unit 30 s, cpu 30 s, gpu 200 s, autograd-gpu 120 s, gpu_bench 90 s,
-# train_bench 90 s, trainer on the device 3 x 70 s, the CPU reference runs in the background
-# meanwhile, the sampler on the device: small training 40 s, sample 2 x 25 s, rl 75 s, skipped
-# past 420 s): with the device tool's 600 s limit, lower a timeout if the first run shows one is
-# needed.
+# Runtime on a 16-core H200 machine: each step has its own cap (unit 30 s, cpu 30 s, gpu 200 s,
+# autograd-gpu 120 s, gpu_bench 90 s, train_bench 90 s, trainer on the device 3 x 50 s with the
+# CPU reference runs in the background meanwhile, the sampler on the device: small training
+# 40 s, sample 2 x 25 s, rl 75 s, compare 30 s), and the whole run a deadline
+# (GPU_CHECK_DEADLINE_S, default 500 s): a step never runs past it, and one that cannot start
+# with a useful time left is skipped and said so, so that the summary is always written inside
+# the device tool's 600 s limit.
+#
+# GPU_CHECK_PARTS (default "tests bench train sampler") picks the sections to run, so that a
+# second call can finish what a first one's deadline left out.
+#
+# The device tool brings back at most 8 files from $OUT: at the end everything but summary.txt
+# and tests.log is packed into results.tar.gz (`bash kernels-cuda/gpu-check.sh --pack DIR` does
+# the same for a run cut short from outside).
 set -uo pipefail
 
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
@@ -44,6 +52,20 @@ source_digest() {
       -o -name '*.cuh' -o -name '*.ptx' -o -name '*.txt' \) -print0 2>/dev/null \
     | LC_ALL=C sort -z | xargs -0 sha256sum | sha256sum | cut -d' ' -f1) || true
 }
+
+# Packs everything in $1 but summary.txt, tests.log and results.tar.gz into results.tar.gz.
+pack_out() {
+  local dir="$1" files
+  files=$(cd "$dir" && find . -mindepth 1 -maxdepth 1 ! -name summary.txt ! -name tests.log \
+    ! -name results.tar.gz -printf '%P\n' | LC_ALL=C sort)
+  [[ -z "$files" ]] && return 0
+  (cd "$dir" && tar czf results.tar.gz $files && rm -rf $files)
+}
+
+if [[ "${1:-}" == "--pack" ]]; then
+  pack_out "${2:?usage: gpu-check.sh --pack DIR}"
+  exit 0
+fi
 
 if [[ "${1:-}" == "--prepare" ]]; then
   set -e
@@ -110,6 +132,25 @@ SUMMARY="$OUT/summary.txt"
 status=0
 note() { echo "$*" | tee -a "$SUMMARY"; }
 T0=$(date +%s)
+DEADLINE=$(( T0 + ${GPU_CHECK_DEADLINE_S:-500} ))
+# The time a step may take: its own cap, or what is left before the deadline less a margin for
+# the summary; 0 when less than $2 seconds (default 10) would be left.
+budget() {
+  local cap=$1 least=${2:-10} left
+  left=$(( DEADLINE - $(date +%s) - 15 ))
+  (( left < cap )) && cap=$left
+  (( cap < least )) && cap=0
+  echo "$cap"
+}
+PARTS=" ${GPU_CHECK_PARTS:-tests bench train sampler} "
+want() { [[ "$PARTS" == *" $1 "* ]]; }
+note "sections: $PARTS; deadline ${GPU_CHECK_DEADLINE_S:-500} s"
+# A `timeout` argument from budget: at least 1 s (`timeout 0` would mean no limit at all).
+cap_of() {
+  local c
+  c=$(budget "$1" 1)
+  echo $(( c < 1 ? 1 : c ))
+}
 
 # cuBLASLt (and cuBLAS, NVRTC) come from the image's Python nvidia wheels
 # (docs/architecture.md#libraries-on-the-gpu-machine):
@@ -191,10 +232,17 @@ export CARGO_MANIFEST_DIR="$CRATE"
 export RUST_BACKTRACE=1
 TESTLOG="$OUT/tests.log"
 : > "$TESTLOG"
-for spec in unit:30 cpu:30 gpu:200 autograd-gpu:120; do
+test_specs="unit:30 cpu:30 gpu:200 autograd-gpu:120"
+want tests || test_specs=""
+for spec in $test_specs; do
   t=${spec%%:*}
-  limit=${spec##*:}
+  limit=$(budget "${spec##*:}")
   exe="$BUNDLE/test-$t"
+  if (( limit == 0 )); then
+    note "FAIL: test-$t not run: the deadline is near"
+    status=1
+    continue
+  fi
   if [[ ! -x "$exe" ]]; then
     note "FAIL: missing $exe"
     status=1
@@ -227,11 +275,18 @@ grep -E 'of the bound|worst gradient rel error' "$TESTLOG" | tee -a "$SUMMARY"
 note "per-test start times (test-gpu):"
 grep -E '^\[ *[0-9.]+ s\] start ' "$TESTLOG" | tee -a "$SUMMARY"
 
-for spec in gpu_bench:90:bench train_bench:90:train-bench; do
+bench_specs="gpu_bench:90:bench train_bench:90:train-bench"
+want bench || bench_specs=""
+for spec in $bench_specs; do
   b=${spec%%:*}
   rest=${spec#*:}
-  limit=${rest%%:*}
+  limit=$(budget "${rest%%:*}")
   stem=${rest#*:}
+  if (( limit == 0 )); then
+    note "FAIL: $b not run: the deadline is near"
+    status=1
+    continue
+  fi
   if [[ ! -x "$BUNDLE/$b" ]]; then
     note "FAIL: missing $b"
     status=1
@@ -262,30 +317,41 @@ TRAINER="$BUNDLE/trainer"
 if [[ -x "$TRAINER" ]]; then
   RUNS="$(mktemp -d)"
   common=(train --preset large --eval-every 1000 --quiet)
-  for r in bf16 nvfp4; do
-    RAYON_NUM_THREADS=6 timeout 240 "$TRAINER" "${common[@]}" --recipe "$r" --device cpu \
-      --steps 2 --out "$RUNS/train-cpu-$r" > "$OUT/train-cpu-$r.txt" 2>&1 &
+  cpu_runs=()
+  train_recipes="bf16 nvfp4 mxfp8"
+  cpu_recipes="bf16 nvfp4"
+  want train || { train_recipes=""; cpu_recipes=""; }
+  for r in $cpu_recipes; do
+    RAYON_NUM_THREADS=6 timeout "$(cap_of 240)" "$TRAINER" "${common[@]}" --recipe "$r" \
+      --device cpu --steps 2 --out "$RUNS/train-cpu-$r" > "$OUT/train-cpu-$r.txt" 2>&1 &
+    cpu_runs+=($!)
   done
-  for r in bf16 nvfp4 mxfp8; do
+  for r in $train_recipes; do
+    cap=$(budget 50 20)
+    if (( cap == 0 )); then
+      note "SKIP trainer large $r --device cuda: the deadline is near"
+      continue
+    fi
     t1=$(date +%s)
-    timeout 70 "$TRAINER" "${common[@]}" --recipe "$r" --device cuda --steps 30 \
+    timeout "$cap" "$TRAINER" "${common[@]}" --recipe "$r" --device cuda --steps 30 \
       --out "$RUNS/train-cuda-$r" > "$OUT/train-cuda-$r.txt" 2>&1
     rc=$?
     cp "$RUNS/train-cuda-$r/metrics.jsonl" "$OUT/train-cuda-$r.metrics.jsonl" 2>/dev/null
     steps=$(grep -c . "$OUT/train-cuda-$r.metrics.jsonl" 2>/dev/null || echo 0)
     note "trainer large $r --device cuda: exit $rc in $(( $(date +%s) - t1 )) s, $steps steps"
     if [[ $rc -eq 124 ]]; then
-      note "  (the 70 s cap ended it; its finished steps are measured)"
-      [[ $steps -lt 4 ]] && { note "FAIL: $r made fewer than 4 steps in 70 s"; status=1; }
+      note "  (the $cap s cap ended it; its finished steps are measured)"
+      [[ $steps -lt 4 ]] && { note "FAIL: $r made fewer than 4 steps in $cap s"; status=1; }
     elif [[ $rc -ne 0 ]]; then
       status=1
       tail -5 "$OUT/train-cuda-$r.txt" | tee -a "$SUMMARY"
     fi
   done
   t1=$(date +%s)
-  wait
-  note "CPU reference runs (2 steps, background) finished $(( $(date +%s) - t1 )) s after the device runs"
-  for r in bf16 nvfp4; do
+  # The CPU reference runs get what is left before the deadline (their own timeout), no more.
+  (( ${#cpu_runs[@]} > 0 )) && wait "${cpu_runs[@]}" &&
+    note "CPU reference runs (2 steps, background) finished $(( $(date +%s) - t1 )) s after the device runs"
+  for r in $cpu_recipes; do
     cp "$RUNS/train-cpu-$r/metrics.jsonl" "$OUT/train-cpu-$r.metrics.jsonl" 2>/dev/null
   done
   # The sampler on the device (trainer/README.md, sample and rl --device): a `small` model
@@ -293,23 +359,25 @@ if [[ -x "$TRAINER" ]]; then
   # the CPU (the same text is expected: logits within 2e-3, trainer tests/device_emulated.rs);
   # 3 RL steps (16 prompts x 8 completions, plan bf16-nvfp4: static activation scales) with the
   # sampler and the update on the device, a tiny `compare` on the device, and the RL run on the CPU in the background for the sampler's tokens/s.
-  # (skipped when the run is past 420 s, so that the summary is written within the device
-  # tool's 600 s limit)
-  if (( $(date +%s) - T0 > 420 )); then
+  # Each step is capped by what is left before the deadline; the section is skipped when less
+  # than 150 s are left.
+  if ! want sampler; then
+    :
+  elif (( $(budget 150 150) == 0 )); then
     note "SKIP the sampler on the device: $(( $(date +%s) - T0 )) s used already"
   else
     t1=$(date +%s)
-    timeout 40 "$TRAINER" train --preset small --steps 20 --eval-every 1000 --quiet --recipe bf16 \
-      --device cuda --out "$RUNS/small" > "$OUT/train-cuda-small.txt" 2>&1
+    timeout "$(cap_of 40)" "$TRAINER" train --preset small --steps 20 --eval-every 1000 --quiet \
+      --recipe bf16 --device cuda --out "$RUNS/small" > "$OUT/train-cuda-small.txt" 2>&1
     note "trainer small bf16 --device cuda (20 steps): exit $? in $(( $(date +%s) - t1 )) s"
     rl=(rl --from "$RUNS/small" --plan bf16-nvfp4 --steps 3 --prompts 16 --group 8
       --eval-every 3 --eval-prompts 32 --quiet)
-    RAYON_NUM_THREADS=8 timeout 80 "$TRAINER" "${rl[@]}" --device cpu --out "$RUNS/rl-cpu" \
+    RAYON_NUM_THREADS=8 timeout "$(cap_of 80)" "$TRAINER" "${rl[@]}" --device cpu --out "$RUNS/rl-cpu" \
       > "$OUT/rl-cpu.txt" 2>&1 &
     cpu_rl=$!
     for d in cuda cpu; do
       t1=$(date +%s%N)
-      timeout 25 "$TRAINER" sample "$RUNS/small" --device "$d" --recipe nvfp4 --temperature 0 \
+      timeout "$(cap_of 25)" "$TRAINER" sample "$RUNS/small" --device "$d" --recipe nvfp4 --temperature 0 \
         --tokens 200 > "$OUT/sample-$d.txt" 2> "$OUT/sample-$d.err"
       rc=$?
       note "trainer sample --device $d (200 tokens, greedy, nvfp4): exit $rc in $(( ($(date +%s%N) - t1) / 1000000 )) ms"
@@ -321,13 +389,13 @@ if [[ -x "$TRAINER" ]]; then
       note "CHECK: sample texts differ between the device and the CPU (see sample-*.txt)"
     fi
     t1=$(date +%s)
-    timeout 75 "$TRAINER" "${rl[@]}" --device cuda --out "$RUNS/rl-cuda" > "$OUT/rl-cuda.txt" 2>&1
+    timeout "$(cap_of 75)" "$TRAINER" "${rl[@]}" --device cuda --out "$RUNS/rl-cuda" > "$OUT/rl-cuda.txt" 2>&1
     rc=$?
     note "trainer rl --device cuda (3 steps): exit $rc in $(( $(date +%s) - t1 )) s"
     [[ $rc -ne 0 ]] && { status=1; tail -3 "$OUT/rl-cuda.txt" | tee -a "$SUMMARY"; }
     # compare on the device: two recipes of the tiny preset in turn, the report names the device
     t1=$(date +%s)
-    timeout 30 "$TRAINER" compare --preset tiny --steps 20 --eval-every 20 --recipes bf16,nvfp4-no-bf16-layers \
+    timeout "$(cap_of 30)" "$TRAINER" compare --preset tiny --steps 20 --eval-every 20 --recipes bf16,nvfp4-no-bf16-layers \
       --device cuda --quiet --out "$RUNS/compare" > "$OUT/compare-cuda.txt" 2>&1
     rc=$?
     note "trainer compare --device cuda (tiny, bf16 + nvfp4-no-bf16-layers, 20 steps): exit $rc in $(( $(date +%s) - t1 )) s"
@@ -397,4 +465,5 @@ else
 fi
 
 note "total: $(( $(date +%s) - T0 )) s; status $status"
+pack_out "$OUT"
 exit $status
