@@ -26,6 +26,17 @@ pub struct GpuBuf<T> {
     len: usize,
 }
 
+impl<T> Drop for GpuBuf<T> {
+    /// Makes the buffer's context current on the dropping thread before the allocation is
+    /// freed: cudarc frees without binding it, so a buffer dropped on a thread that never
+    /// launched anything (a pool released from another thread, a test thread) failed with
+    /// `CUDA_ERROR_INVALID_CONTEXT`, which the next launch on the context then reported.
+    fn drop(&mut self) {
+        // An error here leaves the free to report it through the context, as before.
+        let _ = self.data.context().bind_to_thread();
+    }
+}
+
 /// The training kernels by name.
 pub(crate) struct TrainKernels {
     functions: HashMap<&'static str, CudaFunction>,
