@@ -67,7 +67,9 @@ on_emu!(
     attention_within_derived_bounds,
     k::attention_within_derived_bounds
 );
-on_emu!(bf16_attention_matches_cpu, k::bf16_attention_matches_cpu);
+on_emu!(bf16_attention_matches_cpu, |e| {
+    k::bf16_attention_matches_cpu(e, &[(2, 70, 40)])
+});
 on_emu!(bad_input_is_a_typed_error, k::bad_input_is_a_typed_error);
 /// The emulated CUDA device as a `Device::Cuda` backend for `ParamStore::to_device`.
 fn emu_device(test: &str) -> Option<std::sync::Arc<DeviceBackend>> {

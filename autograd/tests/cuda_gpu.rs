@@ -63,7 +63,11 @@ on_gpu!(
     attention_within_derived_bounds,
     k::attention_within_derived_bounds
 );
-on_gpu!(bf16_attention_matches_cpu, k::bf16_attention_matches_cpu);
+// BF16 attention runs on the tensor cores: a test shape and a training one (the `large`
+// preset's head size and sequence length)
+on_gpu!(bf16_attention_matches_cpu, |g| {
+    k::bf16_attention_matches_cpu(g, &[(2, 70, 40), (4, 1024, 64)])
+});
 on_gpu!(bad_input_is_a_typed_error, k::bad_input_is_a_typed_error);
 on_gpu!(tiny_model_graph_step_on_device_matches_cpu, |_| {
     k::tiny_model_graph_step_on_device_matches_cpu(&device())

@@ -16,6 +16,15 @@
 // passes over the keys, the online softmax for the log-sum-exp first and then
 // o = sum bf16(exp(s - lse)) v, so that it rounds the normalised probabilities as the CPU does.
 //
+// BF16 attention on the tensor cores (kernels_cuda::train, `attention_fwd` / `attention_bwd`
+// with `bf16` set) materialises a group of heads' score matrices instead: cuBLASLt forms
+// S = scale * bf16(Q) bf16(K)^T in f32, and the two kernels below turn scores into the BF16
+// operands of the next products, with the same formulas as the fused kernels above:
+// * nb_attn_softmax_bf16: one warp per query row: m = max of the visible scores,
+//   l = sum exp(s - m), lse = m + log(l), P = bf16(exp(s - lse)) (0 past the diagonal);
+// * nb_attn_grad_bf16: elementwise over the rows' visible entries: p = exp(s - lse),
+//   bf16(p) for dV = P^T dO and dS = bf16(p * (dP - delta)) for dQ and dK.
+//
 // Every sum has a fixed order (lane order, then tile order), so every run gives the same bits.
 // The CPU op (autograd/src/ops/attention.rs) uses quant's blocked GEMMs, whose summation order
 // differs: autograd/tests/cuda_emulated.rs compares within a derived bound, not bit for bit.
@@ -248,5 +257,52 @@ extern "C" __global__ void __launch_bounds__(256) nb_attn_bwd_dkdv(const float* 
       store_acc(dk + base + (u64)jrow * d + c, acc_dk, __fmul_rn(scale, ak[cc]));
       store_acc(dv + base + (u64)jrow * d + c, acc_dv, av[cc]);
     }
+  }
+}
+
+// Row softmax of `rows` score rows of `t` columns (`rows` a multiple of t: the query index is
+// the row mod t), causal: lse[r] = m + log(sum_j<=i exp(s_ij - m)), p[r, j] = bf16 bits of
+// exp(s_ij - lse) for j <= i, 0 after. One warp per row; lane-strided sums, then the warp's.
+extern "C" __global__ void __launch_bounds__(256) nb_attn_softmax_bf16(const float* __restrict__ s, u64 rows,
+                                                                       int t, float* __restrict__ lse,
+                                                                       unsigned short* __restrict__ p) {
+  const u64 r = (u64)blockIdx.x * AT_ROWS + threadIdx.x / 32;
+  const int lane = threadIdx.x % 32;
+  if (r >= rows) return;
+  const int i = (int)(r % (u64)t);
+  const float* row = s + r * (u64)t;
+  float m = neg_inf();
+  for (int j = lane; j <= i; j += 32) m = fmaxf(m, row[j]);
+  m = warp_max(m);
+  float l = 0.0f;
+  for (int j = lane; j <= i; j += 32) l = __fadd_rn(l, cephes_exp(__fsub_rn(row[j], m)));
+  l = warp_sum(l);
+  const float li = __fadd_rn(m, logf(l));
+  unsigned short* out = p + r * (u64)t;
+  for (int j = lane; j < t; j += 32) out[j] = j <= i ? bf16_bits_exact(cephes_exp(__fsub_rn(row[j], li))) : 0;
+  if (lane == 0) lse[r] = li;
+}
+
+// The backward's BF16 operands from the recomputed scores `s` and dP = dO V^T of `rows` rows of
+// `t` columns (query index = row mod t): p = exp(s - lse) and, for j <= i, pb = bf16(p) and
+// ds = bf16(p * (dp - delta)); both 0 for j > i. Grid-stride over the elements.
+extern "C" __global__ void __launch_bounds__(256) nb_attn_grad_bf16(const float* __restrict__ s,
+                                                                    const float* __restrict__ dp,
+                                                                    const float* __restrict__ lse,
+                                                                    const float* __restrict__ delta, u64 rows, int t,
+                                                                    unsigned short* __restrict__ pb,
+                                                                    unsigned short* __restrict__ ds) {
+  const u64 n = rows * (u64)t, stride = (u64)gridDim.x * blockDim.x;
+  for (u64 e = (u64)blockIdx.x * blockDim.x + threadIdx.x; e < n; e += stride) {
+    const u64 r = e / (u64)t;
+    const int j = (int)(e - r * (u64)t), i = (int)(r % (u64)t);
+    if (j > i) {
+      pb[e] = 0;
+      ds[e] = 0;
+      continue;
+    }
+    const float pr = cephes_exp(__fsub_rn(s[e], lse[r]));
+    pb[e] = bf16_bits_exact(pr);
+    ds[e] = bf16_bits_exact(__fmul_rn(pr, __fsub_rn(dp[e], delta[r])));
   }
 }

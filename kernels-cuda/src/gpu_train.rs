@@ -71,6 +71,8 @@ const TRAIN_MODULES: [(Module, &[&str]); 12] = [
             "nb_attn_delta",
             "nb_attn_bwd_dq",
             "nb_attn_bwd_dkdv",
+            "nb_attn_softmax_bf16",
+            "nb_attn_grad_bf16",
         ],
     ),
     (

@@ -68,6 +68,7 @@ pub mod ptx;
 mod quantize;
 pub mod swizzle;
 pub mod train;
+mod train_attn;
 pub mod train_bmm;
 pub mod train_quant;
 pub mod train_tc;

@@ -1014,6 +1014,16 @@ pub trait TrainOps: Launcher {
             return Ok(());
         }
         let scale = 1.0 / (d as f32).sqrt();
+        if bf16 {
+            return crate::train_attn::forward(
+                self,
+                [q, k, v],
+                (bh, t, d),
+                scale,
+                (o, lse),
+                crate::train_attn::GROUP_BYTES,
+            );
+        }
         let args = [
             Arg::Ptr(self.ptr(q)),
             Arg::Ptr(self.ptr(k)),
@@ -1080,6 +1090,19 @@ pub trait TrainOps: Launcher {
                 &args,
             )?
         };
+        if bf16 {
+            return crate::train_attn::backward(
+                self,
+                [q, k, v, dout],
+                (lse, &delta),
+                (bh, t, d),
+                scale,
+                dq,
+                dk,
+                dv,
+                crate::train_attn::GROUP_BYTES,
+            );
+        }
         let (ti, di) = (i32_of("t", t)?, i32_of("d", d)?);
         let common = [
             Arg::Ptr(self.ptr(q)),

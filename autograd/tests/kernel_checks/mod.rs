@@ -733,9 +733,15 @@ pub fn attention_within_derived_bounds<B: Backend>(e: &B) {
 /// of a BF16 rounding boundary and the two round it differently: a rare change of 2⁻⁸ relative
 /// in one term. So the two agree far more closely than either agrees with FP32 attention, which
 /// is what is asserted: the kernel-CPU difference is at most 2e-3 of the largest value and
-/// under a fifth of the BF16-FP32 difference (which shows that the kernel rounds too).
-pub fn bf16_attention_matches_cpu<B: Backend>(e: &B) {
-    let (bh, t, d) = (2, 70, 40);
+/// under a fifth of the BF16-FP32 difference (which shows that the kernel rounds too), for
+/// each `[bh, t, d]` of `shapes`.
+pub fn bf16_attention_matches_cpu<B: Backend>(e: &B, shapes: &[(usize, usize, usize)]) {
+    for &shape in shapes {
+        bf16_attention_shape_matches_cpu(e, shape);
+    }
+}
+
+fn bf16_attention_shape_matches_cpu<B: Backend>(e: &B, (bh, t, d): (usize, usize, usize)) {
     let n = bh * t * d;
     let (qv, kv, vv, r) = (
         init::normal(n, 1.0, 5),
@@ -788,10 +794,12 @@ pub fn bf16_attention_matches_cpu<B: Backend>(e: &B) {
             rel(&kernel[i], &cpu_bf16[i]),
             rel(&cpu_f32[i], &cpu_bf16[i]),
         );
-        eprintln!("BF16 attention {name}: kernel vs CPU {kc:.2e}, CPU BF16 vs FP32 {bf:.2e}");
+        eprintln!(
+            "BF16 attention [{bh},{t},{d}] {name}: kernel vs CPU {kc:.2e}, CPU BF16 vs FP32 {bf:.2e}"
+        );
         assert!(
             kc <= 2e-3 && kc < 0.2 * bf,
-            "{name}: kernel vs CPU {kc:.2e}, BF16 vs FP32 {bf:.2e}"
+            "[{bh},{t},{d}] {name}: kernel vs CPU {kc:.2e}, BF16 vs FP32 {bf:.2e}"
         );
     }
 }
