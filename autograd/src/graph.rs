@@ -793,6 +793,11 @@ impl<'s> Graph<'s> {
         bw: Option<Backward>,
     ) -> Tensor {
         if let Some(p) = &mut self.profile {
+            if let Some(dev) = &self.dev {
+                // device ops only queue kernels: time their work, not their launches (an
+                // error of that work resurfaces at the next launch or download)
+                let _ = dev.launcher().synchronize();
+            }
             p.record_forward(op);
         }
         let id = self.nodes.len() as u32;
@@ -951,6 +956,11 @@ impl<'s> Graph<'s> {
             let t0 = self.profile.as_ref().map(|_| Instant::now());
             f(&mut ctx, &dy)?;
             if let (Some(p), Some(t0)) = (&mut self.profile, t0) {
+                if let Some(dev) = &self.dev {
+                    dev.launcher()
+                        .synchronize()
+                        .map_err(crate::backend::BackendError::from)?;
+                }
                 p.add(self.nodes[id].op, false, t0.elapsed().as_secs_f64());
             }
         }

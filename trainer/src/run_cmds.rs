@@ -71,6 +71,12 @@ pub struct TrainArgs {
     /// model shape and weights come from it, the rest from the other flags.
     #[arg(long, value_name = "DIR", conflicts_with_all = ["resume", "config", "preset"])]
     init: Option<PathBuf>,
+    /// Time every op of every step and print the last step's table (milliseconds per op kind,
+    /// forward and backward) at the end. On a device each op then waits for its kernels, so
+    /// steps run slower than without it: for finding where a step's time goes, not for its
+    /// speed.
+    #[arg(long)]
+    op_profile: bool,
 }
 
 /// `trainer compare`.
@@ -386,6 +392,7 @@ pub fn run_train(args: TrainArgs) -> Result<()> {
     let (dev, line) = device_cmd::resolve(args.run.device, &[tr.recipe()])?;
     println!("{line}");
     tr.set_device(dev)?;
+    tr.set_op_profiling(args.op_profile);
     let out = tr.out_dir().to_path_buf();
     let s = match on_pool(|| tr.run()) {
         Ok(s) => s,
@@ -405,6 +412,9 @@ pub fn run_train(args: TrainArgs) -> Result<()> {
     println!("metrics:    {}", out.join("metrics.jsonl").display());
     println!("summary:    {}", out.join("summary.json").display());
     println!("checkpoint: {}", s.checkpoint.display());
+    if let Some(p) = tr.last_op_profile() {
+        println!("op profile of the last step (ms):\n{p}");
+    }
     Ok(())
 }
 

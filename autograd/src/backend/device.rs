@@ -185,6 +185,19 @@ impl DeviceLauncher {
         }
     }
 
+    /// Waits until every kernel launched so far has finished (a no-op under the emulator,
+    /// whose launches finish before they return): op profiles time device work with it.
+    ///
+    /// # Errors
+    /// The driver's, including a failure of earlier asynchronous work.
+    pub fn synchronize(&self) -> kernels_cuda::Result<()> {
+        match &self.kind {
+            Kind::Gpu(g) => g.synchronize(),
+            #[cfg(feature = "cuda-emu")]
+            Kind::Emu(_) => Ok(()),
+        }
+    }
+
     /// Frees every pooled buffer (the device memory goes back to the driver).
     pub fn release_pool(&self) {
         self.pool.free().clear();
