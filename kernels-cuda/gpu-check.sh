@@ -23,7 +23,8 @@
 #
 # Runtime on a 16-core H200 machine: each step has its own cap (unit 30 s, cpu 30 s, gpu 200 s,
 # autograd-gpu 120 s, gpu_bench 90 s, train_bench 90 s, trainer on the device 3 x 50 s with the
-# CPU reference runs in the background meanwhile, the sampler on the device: small training
+# CPU reference runs in the background meanwhile, op profiles of bf16 and nvfp4 steps (trainer
+# train --op-profile) 2 x 40 s, the sampler on the device: small training
 # 40 s, sample 2 x 25 s, rl 75 s, compare 30 s), and the whole run a deadline
 # (GPU_CHECK_DEADLINE_S, default 500 s): a step never runs past it, and one that cannot start
 # with a useful time left is skipped and said so, so that the summary is always written inside
@@ -321,9 +322,11 @@ if [[ -x "$TRAINER" ]]; then
   train_recipes="bf16 nvfp4 mxfp8"
   cpu_recipes="bf16 nvfp4"
   want train || { train_recipes=""; cpu_recipes=""; }
+  # The CPU runs have the device runs' 30-step schedule (the warmup spans the whole run, so
+  # a shorter run would have other learning rates) and are stopped once each has two steps.
   for r in $cpu_recipes; do
     RAYON_NUM_THREADS=6 timeout "$(cap_of 240)" "$TRAINER" "${common[@]}" --recipe "$r" \
-      --device cpu --steps 2 --out "$RUNS/train-cpu-$r" > "$OUT/train-cpu-$r.txt" 2>&1 &
+      --device cpu --steps 30 --out "$RUNS/train-cpu-$r" > "$OUT/train-cpu-$r.txt" 2>&1 &
     cpu_runs+=($!)
   done
   for r in $train_recipes; do
@@ -347,10 +350,34 @@ if [[ -x "$TRAINER" ]]; then
       tail -5 "$OUT/train-cuda-$r.txt" | tee -a "$SUMMARY"
     fi
   done
+  # Where a device step's time goes: 3 steps with the op timer on (each op waits for its
+  # kernels), the last step's table.
+  for r in $train_recipes; do
+    [[ $r == mxfp8 ]] && continue
+    cap=$(budget 40 20)
+    (( cap == 0 )) && { note "SKIP the op profile of $r: the deadline is near"; continue; }
+    t1=$(date +%s)
+    timeout "$cap" "$TRAINER" "${common[@]}" --recipe "$r" --device cuda --steps 3 --op-profile \
+      --out "$RUNS/profile-$r" > "$OUT/profile-cuda-$r.txt" 2>&1
+    note "op profile, large $r --device cuda (3 steps): exit $? in $(( $(date +%s) - t1 )) s"
+    sed -n '/^op profile/,$p' "$OUT/profile-cuda-$r.txt" | head -24 | tee -a "$SUMMARY"
+  done
   t1=$(date +%s)
-  # The CPU reference runs get what is left before the deadline (their own timeout), no more.
-  (( ${#cpu_runs[@]} > 0 )) && wait "${cpu_runs[@]}" &&
-    note "CPU reference runs (2 steps, background) finished $(( $(date +%s) - t1 )) s after the device runs"
+  # The CPU reference runs: until each has two steps (or the deadline is near), then stopped.
+  if (( ${#cpu_runs[@]} > 0 )); then
+    while (( $(budget 60 1) > 0 )); do
+      done_runs=0
+      for r in $cpu_recipes; do
+        n=$(grep -c . "$RUNS/train-cpu-$r/metrics.jsonl" 2>/dev/null || true)
+        (( ${n:-0} >= 2 )) && done_runs=$((done_runs + 1))
+      done
+      (( done_runs == ${#cpu_runs[@]} )) && break
+      sleep 2
+    done
+    kill "${cpu_runs[@]}" 2>/dev/null
+    wait "${cpu_runs[@]}" 2>/dev/null
+    note "CPU reference runs (background, stopped after 2 steps) took $(( $(date +%s) - t1 )) s more after the device runs"
+  fi
   for r in $cpu_recipes; do
     cp "$RUNS/train-cpu-$r/metrics.jsonl" "$OUT/train-cpu-$r.metrics.jsonl" 2>/dev/null
   done
