@@ -407,6 +407,9 @@ pub struct Graph<'s> {
     param_nodes: HashMap<usize, Tensor>,
     /// RoPE cos/sin tables by (T, D, base bits, offset), shared by the q and k rotations.
     pub(crate) rope_cache: HashMap<(usize, usize, u32, usize), std::rc::Rc<[f32]>>,
+    /// The same tables on the device (a device graph's), uploaded once per graph.
+    pub(crate) dev_rope_cache:
+        HashMap<(usize, usize, u32, usize), std::rc::Rc<crate::backend::DeviceBuf<f32>>>,
     serial: u32,
     grad_enabled: bool,
     pub(crate) seed: u64,
@@ -429,6 +432,7 @@ impl<'s> Graph<'s> {
             grads: Vec::new(),
             param_nodes: HashMap::new(),
             rope_cache: HashMap::new(),
+            dev_rope_cache: HashMap::new(),
             serial: NEXT_GRAPH.fetch_add(1, Ordering::Relaxed),
             grad_enabled: true,
             seed: 0,

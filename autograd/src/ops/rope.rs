@@ -13,9 +13,12 @@ use crate::{Graph, Result, Tensor};
 pub(crate) fn rope_table(t: usize, d: usize, base: f32, offset: usize) -> Vec<f32> {
     let h = d / 2;
     let mut tab = vec![0.0f32; 2 * t * h];
+    // the frequencies once (the same values as computing them per position)
+    let inv: Vec<f64> = (0..h)
+        .map(|i| (base as f64).powf(-2.0 * i as f64 / d as f64))
+        .collect();
     for p in 0..t {
-        for i in 0..h {
-            let inv = (base as f64).powf(-2.0 * i as f64 / d as f64);
+        for (i, &inv) in inv.iter().enumerate() {
             let th = (p + offset) as f64 * inv;
             tab[p * h + i] = th.cos() as f32;
             tab[t * h + p * h + i] = th.sin() as f32;

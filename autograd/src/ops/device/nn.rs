@@ -2,7 +2,7 @@
 //! cross-entropy and causal attention.
 
 use super::{dev_backward, DevGrad};
-use crate::backend::{rope_table, Act, Backend, NormKind};
+use crate::backend::{Act, Backend, NormKind};
 use crate::{AttentionProducts, Graph, Result, Shape, Tensor};
 
 impl Graph<'_> {
@@ -114,7 +114,17 @@ impl Graph<'_> {
     ) -> Result<Tensor> {
         let sx = self.shape(x)?;
         let be = self.be()?;
-        let tab = be.upload(&rope_table(t, d, base, pos_offset))?;
+        // one upload per table and graph (a step's layers share it: q and k of every block)
+        let key = (t, d, base.to_bits(), pos_offset);
+        let tab = match self.dev_rope_cache.get(&key) {
+            Some(tab) => tab.clone(),
+            None => {
+                let host = self.rope_tab(t, d, base, pos_offset);
+                let tab = std::rc::Rc::new(be.upload(&host)?);
+                self.dev_rope_cache.insert(key, tab.clone());
+                tab
+            }
+        };
         let mut y = be.zeros(sx.numel())?;
         be.rope(self.values().dev(x)?, &tab, t, d, false, (false, &mut y))?;
         let bw = self.needs_grad(&[x]).then(|| {
