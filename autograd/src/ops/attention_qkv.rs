@@ -141,14 +141,11 @@ impl Graph<'_> {
         let parts = self.split(qkv, &[c, c, c])?;
         let mut q = self.split_heads(parts[0], spec.heads)?;
         let mut k = self.split_heads(parts[1], spec.heads)?;
-        let mut v = self.split_heads(parts[2], spec.heads)?;
+        let v = self.split_heads(parts[2], spec.heads)?;
         q = self.rope(q, spec.rope_base, 0)?;
         k = self.rope(k, spec.rope_base, 0)?;
-        if spec.round_bf16 {
-            q = self.round_bf16(q)?;
-            k = self.round_bf16(k)?;
-            v = self.round_bf16(v)?;
-        }
+        // BF16 products round Q, K and V themselves (to the same values a `round_bf16` op
+        // would give, whose gradient passes straight through): no separate rounding
         let products = AttentionProducts::bf16_if(spec.round_bf16);
         let a = self.causal_attention_with(q, k, v, products)?;
         self.merge_heads(a)
