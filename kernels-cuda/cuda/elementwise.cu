@@ -96,6 +96,20 @@ extern "C" __global__ void __launch_bounds__(256) nb_sum_f64_finish(const double
 // (`swap_axes`, its backward with the inverse permutation).
 extern "C" __global__ void __launch_bounds__(256) nb_permute4(const float* src, u64 o1, u64 o2, u64 o3, u64 s0,
                                                               u64 s1, u64 s2, u64 s3, u64 n, int acc, float* out) {
+  if (o3 >= 32) {
+    // a warp per output row of o3 elements: the index arithmetic (64-bit divisions) once per
+    // row instead of once per element; coalesced where the source row is contiguous (s3 = 1)
+    const u64 rows = n / o3, warps = (u64)gridDim.x * (blockDim.x / 32);
+    const u64 lane = threadIdx.x % 32;
+    for (u64 row = (u64)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32; row < rows; row += warps) {
+      const u64 i2 = row % o2, r2 = row / o2;
+      const u64 i1 = r2 % o1, i0 = r2 / o1;
+      const float* sr = src + i0 * s0 + i1 * s1 + i2 * s2;
+      float* orow = out + row * o3;
+      for (u64 j = lane; j < o3; j += 32) store_acc(orow + j, acc, sr[j * s3]);
+    }
+    return;
+  }
   NB_GRID_STRIDE(i, n) {
     const u64 i3 = i % o3, r = i / o3;
     const u64 i2 = r % o2, r2 = r / o2;
@@ -104,17 +118,30 @@ extern "C" __global__ void __launch_bounds__(256) nb_permute4(const float* src, 
   }
 }
 
+// Rows r of `rows = n / s` of `s` columns, a warp each (s >= 32) or an element per thread:
+// calls f(r, j) for every element; the row split costs one division per row.
+template <class F>
+NB_DEV void for_row_cols(u64 s, u64 n, F f) {
+  if (s >= 32) {
+    const u64 rows = n / s, warps = (u64)gridDim.x * (blockDim.x / 32), lane = threadIdx.x % 32;
+    for (u64 r = (u64)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32; r < rows; r += warps)
+      for (u64 j = lane; j < s; j += 32) f(r, j);
+    return;
+  }
+  NB_GRID_STRIDE(i, n) { f(i / s, i % s); }
+}
+
 // out[r, j] = src[r*c + off + j] for j < s (`split`'s forward), n = rows * s.
 extern "C" __global__ void __launch_bounds__(256) nb_cols_get(const float* src, u64 c, u64 off, u64 s, u64 n,
                                                               float* out) {
-  NB_GRID_STRIDE(i, n) { out[i] = src[(i / s) * c + off + i % s]; }
+  for_row_cols(s, n, [&](u64 r, u64 j) { out[r * s + j] = src[r * c + off + j]; });
 }
 
 // dst[r*c + off + j] += src[r, j] for j < s (`split`'s backward), n = rows * s.
 extern "C" __global__ void __launch_bounds__(256) nb_cols_add(const float* src, u64 c, u64 off, u64 s, u64 n,
                                                               float* dst) {
-  NB_GRID_STRIDE(i, n) {
-    const u64 d = (i / s) * c + off + i % s;
-    dst[d] = __fadd_rn(dst[d], src[i]);
-  }
+  for_row_cols(s, n, [&](u64 r, u64 j) {
+    const u64 d = r * c + off + j;
+    dst[d] = __fadd_rn(dst[d], src[r * s + j]);
+  });
 }

@@ -150,6 +150,23 @@ fn run(g: &GpuContext, seqs: usize, rep: &mut Report) -> Result<()> {
         2.0 * nd,
         0.0,
     );
+    // the layout copies of attention: split_heads ([16, 1024, 12, 64] -> [16, 12, 1024, 64]) and
+    // one third of the fused QKV projection's columns (split)
+    rep.item(
+        "split_heads (swap_axes) [16K, 768]",
+        time_ms(g, 20, || {
+            g.swap_axes(&x, [n / t, t, h, hd], 1, 2, (false, &mut y))
+        }),
+        2.0 * nd,
+        0.0,
+    );
+    let qkv = fill(3 * n * d, 16)?;
+    rep.item(
+        "split (columns) [16K, 2304] -> 768",
+        time_ms(g, 20, || g.columns(&qkv, 3 * d, d, d, false, &mut y)),
+        2.0 * nd,
+        0.0,
+    );
     let mut part = Launcher::zeros::<f32>(g, 1)?;
     rep.item(
         "sum_rows (bias grad) [16K, 768]",

@@ -1367,9 +1367,15 @@ pub fn tiny_model_graph_step_on_device_matches_cpu(dev: &Arc<DeviceBackend>) {
 /// The layout ops the trainer's GPT uses (`split`, `split_heads`, `transpose`,
 /// `merge_heads`), forward and backward, through `Graph` on `dev`: bit for bit the CPU graph's
 /// values and gradients (pure copies and the same f32 adds), including a tensor split into
-/// parts that all feed the loss and a gradient accumulated from two paths.
+/// parts that all feed the loss and a gradient accumulated from two paths. Rows of fewer than
+/// 32 elements and of 32 or more (a warp per row in the kernels) both.
 pub fn layout_ops_are_bit_exact(dev: &Arc<DeviceBackend>) {
-    let (b, t, h, d) = (2, 5, 3, 4);
+    for shape in [(2, 5, 3, 4), (2, 37, 2, 40)] {
+        layout_shape_is_bit_exact(dev, shape);
+    }
+}
+
+fn layout_shape_is_bit_exact(dev: &Arc<DeviceBackend>, (b, t, h, d): (usize, usize, usize, usize)) {
     let c = h * d;
     let xv = init::normal(b * t * 3 * c, 1.0, 41);
     let r = init::normal(b * t * c, 1.0, 42);
@@ -1401,10 +1407,10 @@ pub fn layout_ops_are_bit_exact(dev: &Arc<DeviceBackend>) {
     };
     let (cv, cg) = run(None);
     let (dv, dg) = run(Some(dev));
-    for (i, (a, b)) in dv.iter().zip(&cv).enumerate() {
-        same_bits(&format!("layout forward {i}"), a, b);
+    for (i, (x, y)) in dv.iter().zip(&cv).enumerate() {
+        same_bits(&format!("layout [{b},{t},{h},{d}] forward {i}"), x, y);
     }
-    same_bits("layout backward", &dg, &cg);
+    same_bits(&format!("layout [{b},{t},{h},{d}] backward"), &dg, &cg);
 }
 
 /// A device graph: host reads are typed errors, ops without a kernel name themselves, the
