@@ -127,6 +127,13 @@ fn layout_ops_are_bit_exact() {
 }
 
 #[test]
+fn device_op_profile_records_each_op() {
+    if let Some(d) = emu_device("device_op_profile_records_each_op") {
+        k::device_op_profile_records_each_op(&d);
+    }
+}
+
+#[test]
 fn device_graph_boundary() {
     if let Some(d) = emu_device("device_graph_boundary") {
         k::device_graph_boundary(&d);

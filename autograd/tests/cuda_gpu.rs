@@ -75,6 +75,9 @@ on_gpu!(tiny_model_graph_step_on_device_matches_cpu, |_| {
 on_gpu!(device_graph_boundary, |_| k::device_graph_boundary(
     &device()
 ));
+on_gpu!(device_op_profile_records_each_op, |_| {
+    k::device_op_profile_records_each_op(&device())
+});
 on_gpu!(pool_reuses_device_buffers, |_| {
     k::pool::pool_reuses_device_buffers(&device())
 });

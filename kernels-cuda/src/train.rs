@@ -993,7 +993,8 @@ pub trait TrainOps: Launcher {
 
     /// Causal attention forward on `[bh, t, d]` tensors (`d <= 128`): `o` and `lse` (`bh * t`);
     /// `bf16`: every operand of the products rounded to BF16 (autograd's
-    /// `AttentionProducts::Bf16`).
+    /// `AttentionProducts::Bf16`), the products then on the tensor cores (`train_attn`), else
+    /// the fused FP32 kernels.
     #[allow(clippy::too_many_arguments)]
     fn attention_fwd(
         &self,

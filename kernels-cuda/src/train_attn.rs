@@ -52,9 +52,9 @@ fn to_bf16<L: Launcher + ?Sized>(l: &L, x: &L::Buf<f32>) -> Result<L::Buf<u16>> 
     Ok(out)
 }
 
-/// A batched product over `heads` heads from head `h0` on: `C = alpha · op(A) op(B) + beta C`
-/// with `A`, `B` at element offsets `a_off`, `b_off` of their BF16 buffers and `C` at `c_off`
-/// of its f32 buffer (each offset is `h0` times the operand's per-head size).
+/// A batched BF16 GEMM `C = alpha · op(A) op(B) + beta C` over a group of heads; [`Self::run`]
+/// takes each operand at an element offset into its buffer (for a group from head `h0`, `h0`
+/// times the operand's per-head size; 0 for the group's own scratch).
 struct Product<'a, L: Launcher + ?Sized> {
     l: &'a L,
     g: Bf16Gemm,
@@ -129,6 +129,24 @@ const fn view(cols: usize, item: usize, trans: bool) -> Bf16View {
     }
 }
 
+/// `alpha · X Yᵀ` for `heads` items of `[t, d]` row-major `X` and `Y` into `[t, t]` scores.
+fn scores<L: Launcher + ?Sized>(
+    l: &L,
+    heads: usize,
+    (t, d): (usize, usize),
+    alpha: f32,
+) -> Product<'_, L> {
+    let td = t * d;
+    product(
+        l,
+        heads,
+        (t, t, d),
+        (alpha, 0.0),
+        view(d, td, false),
+        view(d, td, true),
+    )
+}
+
 /// BF16 causal attention forward on `[bh, t, d]` buffers (shapes checked by the caller):
 /// `o` and `lse` written; groups of heads within `group_bytes` of scratch.
 pub(crate) fn forward<L: Launcher + ?Sized>(
@@ -148,15 +166,7 @@ pub(crate) fn forward<L: Launcher + ?Sized>(
     for h0 in (0..bh).step_by(group) {
         let hn = group.min(bh - h0);
         // S = scale · Q Kᵀ
-        product(
-            l,
-            hn,
-            (t, t, d),
-            (scale, 0.0),
-            view(d, td, false),
-            view(d, td, true),
-        )
-        .run((&qb, h0 * td), (&kb, h0 * td), (&s, 0))?;
+        scores(l, hn, (t, d), scale).run((&qb, h0 * td), (&kb, h0 * td), (&s, 0))?;
         let rows = hn * t;
         let args = [
             Arg::Ptr(l.ptr(&s)),
@@ -216,18 +226,8 @@ pub(crate) fn backward<L: Launcher + ?Sized>(
         let hn = group.min(bh - h0);
         let rows = hn * t;
         // S = scale · Q Kᵀ and dP = dO Vᵀ
-        let scores = |alpha| {
-            product(
-                l,
-                hn,
-                (t, t, d),
-                (alpha, 0.0),
-                view(d, td, false),
-                view(d, td, true),
-            )
-        };
-        scores(scale).run((&qb, h0 * td), (&kb, h0 * td), (&s, 0))?;
-        scores(1.0).run((&dob, h0 * td), (&vb, h0 * td), (&dp, 0))?;
+        scores(l, hn, (t, d), scale).run((&qb, h0 * td), (&kb, h0 * td), (&s, 0))?;
+        scores(l, hn, (t, d), 1.0).run((&dob, h0 * td), (&vb, h0 * td), (&dp, 0))?;
         let args = [
             Arg::Ptr(l.ptr(&s)),
             Arg::Ptr(l.ptr(&dp)),

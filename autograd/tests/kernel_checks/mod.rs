@@ -1413,6 +1413,39 @@ fn layout_shape_is_bit_exact(dev: &Arc<DeviceBackend>, (b, t, h, d): (usize, usi
     same_bits(&format!("layout [{b},{t},{h},{d}] backward"), &dg, &cg);
 }
 
+/// A device graph's op profile (each op synchronised with the device before it is timed):
+/// every op kind recorded forward, the differentiable ones backward too, with their calls.
+pub fn device_op_profile_records_each_op(dev: &Arc<DeviceBackend>) {
+    let mut ps = ParamStore::new();
+    let w = ps
+        .add("w", &[2, 3], vec![1.0, 2.0, 3.0, 4.0, 5.0, 6.0])
+        .unwrap();
+    ps.to_device(dev).unwrap();
+    let mut g = Graph::new(&mut ps);
+    g.enable_profiling();
+    let x = g
+        .variable(&[1.0, -1.0, 2.0, 0.5, 1.0, 1.0], &[2, 3])
+        .unwrap();
+    let wt = g.param(w).unwrap();
+    let y = g.mul(x, wt).unwrap();
+    let y = g.gelu(y).unwrap();
+    let y = g.gelu(y).unwrap();
+    let l = g.sum(y).unwrap();
+    g.backward(l).unwrap();
+    let p = g.profile().expect("profiling is on").clone();
+    let calls = |op: &str, forward: bool| {
+        p.entries()
+            .iter()
+            .find(|e| e.op == op && e.forward == forward)
+            .map(|e| e.calls)
+    };
+    assert_eq!(calls("gelu", true), Some(2), "{p}");
+    assert_eq!(calls("gelu", false), Some(2), "{p}");
+    assert_eq!(calls("mul", true), Some(1), "{p}");
+    assert_eq!(calls("mul", false), Some(1), "{p}");
+    assert!(p.entries().iter().all(|e| e.seconds >= 0.0), "{p}");
+}
+
 /// A device graph: host reads are typed errors, ops without a kernel name themselves, the
 /// store moves back to the host with its values and gradients.
 pub fn device_graph_boundary(dev: &Arc<DeviceBackend>) {
