@@ -10,16 +10,19 @@
 #   1. here (CPU machine with cargo), from the repository root:
 #        bash kernels-cuda/gpu-check.sh --prepare
 #      builds the test binaries (kernels-cuda's lib unit tests, tests/cpu.rs, tests/gpu.rs;
-#      autograd's tests/cuda_gpu.rs) and the gpu_bench and train_bench examples, strips them and puts them in kernels-cuda/gpu-bundle/ (git-ignored,
-#      ~42 MB), with BUILD_INFO (build machine, glibc needed, a digest of the sources);
+#      autograd's tests/cuda_gpu.rs), the gpu_bench and train_bench examples and the release
+#      trainer, strips them and packs them into kernels-cuda/gpu-bundle/binaries.tar.gz
+#      (git-ignored; 47 MB of binaries, 14 MB packed), with BUILD_INFO (build machine, glibc
+#      needed, a digest of the sources);
 #   2. on the device, from the repository root, carrying kernels-cuda/gpu-bundle:
 #        bash kernels-cuda/gpu-check.sh
 #      (without a bundle, it builds in place when cargo exists there).
 #
 # Writes to $OUT (default ./gpu-out): summary.txt (everything the README's "GPU results"
 # needs: device, driver, libraries, per-binary results, failures, GEMM error ratios, the
-# benchmark tables), tests.log (full test output), bench.txt / bench.json (quantizers, GEMMs),
-# train-bench.txt / train-bench.json (training kernels), env.txt.
+# benchmark tables, op profiles, the runs' step times and losses), tests.log (full test
+# output), and results.tar.gz with the rest: bench.txt / bench.json (quantizers, GEMMs),
+# train-bench.txt / train-bench.json (training kernels), every run's output and metrics, env.txt.
 #
 # Runtime on a 16-core H200 machine: each step has its own cap (unit 30 s, cpu 30 s, gpu 200 s,
 # autograd-gpu 120 s, gpu_bench 90 s, train_bench 90 s, trainer on the device 3 x 50 s with the
@@ -118,6 +121,10 @@ for line in sys.stdin:
     echo "ptx manifest sha256: $(sha256sum "$CRATE/ptx/manifest.toml" | cut -d' ' -f1)"
   } > "$BUNDLE/BUILD_INFO"
   cat "$BUNDLE/BUILD_INFO"
+  # gzip makes the binaries a third of their size: the device tool carries at most 64 MiB
+  # (bundle and working tree together); the run on the device unpacks them
+  (cd "$BUNDLE" && tar czf binaries.tar.gz test-* gpu_bench train_bench trainer \
+    && rm -f test-* gpu_bench train_bench trainer)
   ls -la "$BUNDLE"
   du -sh "$BUNDLE"
   exit 0
@@ -206,7 +213,18 @@ note "GPU: $(nvidia-smi --query-gpu=name,driver_version,memory.total --format=cs
 note "libcuda.so.1: $(find_lib libcuda.so.1); libcublasLt.so.13: $(find_lib libcublasLt.so.13)"
 [[ -z "$(find_lib libcublasLt.so.13)" ]] && note "WARNING: libcublasLt.so.13 not found: the GEMM tests will fail"
 
-if [[ -x "$BUNDLE/test-gpu" ]]; then
+# The binaries travel packed (--prepare): BIN is where they are unpacked (a scratch directory,
+# so that the bundle stays as small as it was carried), or the bundle itself for loose ones.
+BIN="$BUNDLE"
+unpack_bundle() {
+  if [[ -f "$BUNDLE/binaries.tar.gz" ]]; then
+    BIN="$(mktemp -d)"
+    tar xzf "$BUNDLE/binaries.tar.gz" -C "$BIN" || note "FAIL: cannot unpack $BUNDLE/binaries.tar.gz"
+  fi
+}
+unpack_bundle
+trap '[[ "$BIN" != "$BUNDLE" ]] && rm -rf "$BIN"' EXIT
+if [[ -x "$BIN/test-gpu" ]]; then
   note "using the prebuilt bundle: $(head -2 "$BUNDLE/BUILD_INFO" 2>/dev/null | paste -sd';')"
   want=$(grep -E '^sources: ' "$BUNDLE/BUILD_INFO" 2>/dev/null | cut -d' ' -f2)
   have=$(source_digest)
@@ -216,13 +234,14 @@ if [[ -x "$BUNDLE/test-gpu" ]]; then
 elif command -v cargo >/dev/null 2>&1; then
   note "no bundle; cargo found: building in place"
   ( cd "$ROOT" && bash "$CRATE/gpu-check.sh" --prepare ) > "$OUT/build.log" 2>&1 || { note "FAIL: build (see build.log)"; status=1; }
+  unpack_bundle
 else
   note "FAIL: no prebuilt bundle and no cargo: run 'bash kernels-cuda/gpu-check.sh --prepare' on a CPU machine and carry kernels-cuda/gpu-bundle"
   exit 1
 fi
 
 # Can the carried binaries run here at all (glibc, loader)?
-if ! probe_out=$("$BUNDLE/test-unit" --list 2>&1 >/dev/null); then
+if ! probe_out=$("$BIN/test-unit" --list 2>&1 >/dev/null); then
   note "FAIL: the bundle's binaries do not start here: $(echo "$probe_out" | head -3)"
   note "      (built against $(grep -E '^glibc needed' "$BUNDLE/BUILD_INFO" 2>/dev/null); here: $(ldd --version 2>&1 | head -1))"
   exit 1
@@ -238,7 +257,7 @@ want tests || test_specs=""
 for spec in $test_specs; do
   t=${spec%%:*}
   limit=$(budget "${spec##*:}")
-  exe="$BUNDLE/test-$t"
+  exe="$BIN/test-$t"
   if (( limit == 0 )); then
     note "FAIL: test-$t not run: the deadline is near"
     status=1
@@ -288,13 +307,13 @@ for spec in $bench_specs; do
     status=1
     continue
   fi
-  if [[ ! -x "$BUNDLE/$b" ]]; then
+  if [[ ! -x "$BIN/$b" ]]; then
     note "FAIL: missing $b"
     status=1
     continue
   fi
   t1=$(date +%s)
-  timeout "$limit" "$BUNDLE/$b" --json "$OUT/$stem.json" > "$OUT/$stem.txt" 2>&1
+  timeout "$limit" "$BIN/$b" --json "$OUT/$stem.json" > "$OUT/$stem.txt" 2>&1
   rc=$?
   note "$b: exit $rc in $(( $(date +%s) - t1 )) s"
   [[ $rc -eq 124 ]] && note "FAIL: $b timed out after $limit s"
@@ -314,7 +333,7 @@ done
 # step time, tokens/s and model FLOP utilisation (6 N FLOP per token against the H200's
 # 989 TFLOP/s dense BF16 peak), from metrics.jsonl; run directories (checkpoints) stay in a
 # scratch directory, their metrics and logs are copied to $OUT.
-TRAINER="$BUNDLE/trainer"
+TRAINER="$BIN/trainer"
 if [[ -x "$TRAINER" ]]; then
   RUNS="$(mktemp -d)"
   common=(train --preset large --eval-every 1000 --quiet)
