@@ -65,6 +65,61 @@ fn recipes_show_reads_files_and_reports_errors() {
 }
 
 #[test]
+fn train_op_profile_prints_the_last_steps_ops() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("run");
+    let o = trainer(&[
+        "train",
+        "--preset",
+        "tiny",
+        "--steps",
+        "2",
+        "--recipe",
+        "bf16",
+        "--device",
+        "cpu",
+        "--quiet",
+        "--op-profile",
+        "--out",
+        out.to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let text = stdout(&o);
+    let table = text
+        .split("op profile of the last step (ms):\n")
+        .nth(1)
+        .unwrap_or_else(|| panic!("no op profile in:\n{text}"));
+    // the tiny GPT's ops, forward and backward, each with its call count
+    for (op, dir) in [
+        ("linear", "fwd"),
+        ("linear", "bwd"),
+        ("qkv_attention", "bwd"),
+    ] {
+        assert!(
+            table
+                .lines()
+                .any(|l| l.split_whitespace().take(2).eq([op, dir])),
+            "{op} {dir} missing from:\n{table}"
+        );
+    }
+    // without the flag, no table
+    let plain = trainer(&[
+        "train",
+        "--preset",
+        "tiny",
+        "--steps",
+        "1",
+        "--device",
+        "cpu",
+        "--quiet",
+        "--out",
+        dir.path().join("plain").to_str().unwrap(),
+    ]);
+    assert!(plain.status.success(), "{}", stderr(&plain));
+    assert!(!stdout(&plain).contains("op profile"));
+}
+
+#[test]
 fn data_sample_is_the_corpus() {
     let o = trainer(&["data", "sample", "--seed", "4", "--bytes", "500"]);
     assert!(o.status.success(), "{}", stderr(&o));
