@@ -52,6 +52,21 @@ pub(crate) struct Blas {
 // thread that owns the `CudaBlasLT`, which is itself Send + Sync).
 unsafe impl Send for Blas {}
 
+impl Drop for Blas {
+    /// The workspace's context made current before cudarc frees it (cudarc does not bind it:
+    /// see `GpuBuf`'s `Drop`).
+    fn drop(&mut self) {
+        let _ = self.workspace.context().bind_to_thread();
+    }
+}
+
+impl Drop for DeviceMatrix {
+    /// The context made current before cudarc frees the data (see `GpuBuf`'s `Drop`).
+    fn drop(&mut self) {
+        let _ = self.data.context().bind_to_thread();
+    }
+}
+
 /// A CUDA context on one device with Nibble's kernels loaded.
 pub struct GpuContext {
     pub(crate) ctx: Arc<CudaContext>,

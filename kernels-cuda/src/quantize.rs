@@ -51,6 +51,14 @@ pub struct DeviceQuantized {
     pub tensor_scale_inv: f32,
 }
 
+impl Drop for DeviceQuantized {
+    /// The context made current before cudarc frees the codes and scales (see `GpuBuf`'s
+    /// `Drop`).
+    fn drop(&mut self) {
+        let _ = self.codes.context().bind_to_thread();
+    }
+}
+
 impl DeviceQuantized {
     /// Copies the tensor to the host as a [`quant::QuantizedTensor`] (synchronizes).
     pub fn to_host(&self) -> Result<QuantizedTensor> {
@@ -308,10 +316,8 @@ impl GpuContext {
             QuantFormat::Fp8 { .. } => {
                 // fp8(code) = dequantized value / scale_inv: decode with factor 1, then round
                 // (exact) to BF16.
-                let f = DeviceQuantized {
-                    tensor_scale_inv: 1.0,
-                    ..self.clone_meta(t)?
-                };
+                let mut f = self.clone_meta(t)?;
+                f.tensor_scale_inv = 1.0;
                 let vals = self.dequantize_device(&f)?;
                 return Ok((self.to_bf16(&vals)?, t.tensor_scale_inv));
             }
