@@ -993,8 +993,8 @@ pub trait TrainOps: Launcher {
 
     /// Causal attention forward on `[bh, t, d]` tensors (`d <= 128`): `o` and `lse` (`bh * t`);
     /// `bf16`: every operand of the products rounded to BF16 (autograd's
-    /// `AttentionProducts::Bf16`), the products then on the tensor cores (`train_attn`), else
-    /// the fused FP32 kernels.
+    /// `AttentionProducts::Bf16`), the products then on the tensor cores (`train_attn`, up to
+    /// 46340 positions), else the fused kernels.
     #[allow(clippy::too_many_arguments)]
     fn attention_fwd(
         &self,
@@ -1015,7 +1015,7 @@ pub trait TrainOps: Launcher {
             return Ok(());
         }
         let scale = 1.0 / (d as f32).sqrt();
-        if bf16 {
+        if bf16 && crate::train_attn::fits(t) {
             return crate::train_attn::forward(
                 self,
                 [q, k, v],
@@ -1091,7 +1091,7 @@ pub trait TrainOps: Launcher {
                 &args,
             )?
         };
-        if bf16 {
+        if bf16 && crate::train_attn::fits(t) {
             return crate::train_attn::backward(
                 self,
                 [q, k, v, dout],

@@ -17,7 +17,8 @@
 //! differ), so the checks against the CPU op are the same. The products over the masked upper
 //! triangle are computed and multiplied by zeros: on tensor cores that costs less than the
 //! fused kernels' FP32 dot products by far. A group holds at most [`GROUP_BYTES`] of score
-//! matrices (12 bytes per score backward, 6 forward), one head at the least.
+//! matrices (12 bytes per score backward, 6 forward), one head at the least. Sequences longer
+//! than 46340 positions (a score matrix past cuBLASLt's 32-bit sizes) keep the fused kernels.
 //!
 //! [`TrainOps::attention_fwd`]: crate::train::TrainOps::attention_fwd
 //! [`TrainOps::attention_bwd`]: crate::train::TrainOps::attention_bwd
@@ -28,6 +29,12 @@ use crate::{KernelError, Result};
 
 /// The most bytes of score-sized scratch one group of heads uses (at least one head's).
 pub const GROUP_BYTES: usize = 1 << 30;
+
+/// Whether sequences of `t` positions can take this path: a `[t, t]` score matrix must be
+/// addressable by cuBLASLt's 32-bit sizes (t <= 46340); longer ones keep the fused kernels.
+pub(crate) fn fits(t: usize) -> bool {
+    t.checked_mul(t).is_some_and(|tt| tt <= i32::MAX as usize)
+}
 
 /// Heads per group when each head needs `per_head` bytes of scratch and a group may use
 /// `limit`.
@@ -270,6 +277,12 @@ mod tests {
     use super::*;
 
     #[test]
+    fn score_matrices_must_fit_32_bit_sizes() {
+        assert!(fits(1) && fits(1024) && fits(46340));
+        assert!(!fits(46341) && !fits(usize::MAX));
+    }
+
+    #[test]
     fn groups_hold_at_most_the_limit_and_at_least_one_head() {
         // the `large` preset's backward: 12 MiB per head of 1024 queries
         let head = 1024 * 1024 * 12;
@@ -342,7 +355,7 @@ mod tests {
                 .to_vec()
         };
         let whole = run(GROUP_BYTES, false);
-        // two heads per group forward and backward: groups of 2, 2 and 1
+        // several groups: backward two heads each (2, 2, 1), forward four (4, 1)
         let split = run(2 * t * t * 12, false);
         let names = ["o", "lse", "dq", "dk", "dv"];
         for ((a, b), name) in whole.iter().zip(&split).zip(names) {
