@@ -226,10 +226,10 @@ unpack_bundle
 trap '[[ "$BIN" != "$BUNDLE" ]] && rm -rf "$BIN"' EXIT
 if [[ -x "$BIN/test-gpu" ]]; then
   note "using the prebuilt bundle: $(head -2 "$BUNDLE/BUILD_INFO" 2>/dev/null | paste -sd';')"
-  want=$(grep -E '^sources: ' "$BUNDLE/BUILD_INFO" 2>/dev/null | cut -d' ' -f2)
+  want_digest=$(grep -E '^sources: ' "$BUNDLE/BUILD_INFO" 2>/dev/null | cut -d' ' -f2)
   have=$(source_digest)
-  if [[ "$want" != "$have" ]]; then
-    note "WARNING: the bundle was built from other sources than this tree (BUILD_INFO $want, tree $have): rerun --prepare"
+  if [[ "$want_digest" != "$have" ]]; then
+    note "WARNING: the bundle was built from other sources than this tree (BUILD_INFO $want_digest, tree $have): rerun --prepare"
   fi
 elif command -v cargo >/dev/null 2>&1; then
   note "no bundle; cargo found: building in place"
@@ -289,7 +289,7 @@ if grep -qE 'SKIP [a-z0-9_]+: ' "$TESTLOG"; then
   grep -oE 'SKIP [a-z0-9_]+: .*' "$TESTLOG" | head -5 | tee -a "$SUMMARY"
   status=1
 fi
-grep -E 'worst \|(diff|cuBLASLt)' "$TESTLOG" | tee -a "$SUMMARY"
+grep -E 'worst \|(diff|cuBLASLt)|^BF16 attention \[|^cached attention' "$TESTLOG" | tee -a "$SUMMARY"
 note "training kernels vs the CPU ops (autograd tests/cuda_gpu.rs):"
 grep -E 'of the bound|worst gradient rel error' "$TESTLOG" | tee -a "$SUMMARY"
 note "per-test start times (test-gpu):"
@@ -327,9 +327,9 @@ done
 
 # Short training runs of the `large` preset (~100M parameters) with the whole step on the
 # device (forward, backward, gradient norm, AdamW; the store and the moments stay there between
-# steps; trainer/README.md, --device): bf16, nvfp4 and mxfp8, each up to 30 steps or 70 s (a run
-# cut by the time cap keeps the metrics of its finished steps). Meanwhile, in the background,
-# two-step CPU runs of bf16 and nvfp4 give the first losses to compare. Reported per recipe:
+# steps; trainer/README.md, --device): bf16, nvfp4 and mxfp8, 30 steps, at most 50 s each (a
+# run cut by the time cap keeps the metrics of its finished steps). Meanwhile, in the
+# background, CPU runs of bf16 and nvfp4 give the first losses to compare. Reported per recipe:
 # step time, tokens/s and model FLOP utilisation (6 N FLOP per token against the H200's
 # 989 TFLOP/s dense BF16 peak), from metrics.jsonl; run directories (checkpoints) stay in a
 # scratch directory, their metrics and logs are copied to $OUT.
@@ -342,9 +342,10 @@ if [[ -x "$TRAINER" ]]; then
   cpu_recipes="bf16 nvfp4"
   want train || { train_recipes=""; cpu_recipes=""; }
   # The CPU runs have the device runs' 30-step schedule (the warmup spans the whole run, so
-  # a shorter run would have other learning rates) and are stopped once each has two steps.
+  # a shorter run would have other learning rates); they are stopped after the device runs and
+  # profiles, once each has at least two steps.
   for r in $cpu_recipes; do
-    RAYON_NUM_THREADS=6 timeout "$(cap_of 240)" "$TRAINER" "${common[@]}" --recipe "$r" \
+    RAYON_NUM_THREADS=6 timeout -k 10 "$(cap_of 240)" "$TRAINER" "${common[@]}" --recipe "$r" \
       --device cpu --steps 30 --out "$RUNS/train-cpu-$r" > "$OUT/train-cpu-$r.txt" 2>&1 &
     cpu_runs+=($!)
   done
@@ -355,11 +356,12 @@ if [[ -x "$TRAINER" ]]; then
       continue
     fi
     t1=$(date +%s)
-    timeout "$cap" "$TRAINER" "${common[@]}" --recipe "$r" --device cuda --steps 30 \
+    timeout -k 10 "$cap" "$TRAINER" "${common[@]}" --recipe "$r" --device cuda --steps 30 \
       --out "$RUNS/train-cuda-$r" > "$OUT/train-cuda-$r.txt" 2>&1
     rc=$?
     cp "$RUNS/train-cuda-$r/metrics.jsonl" "$OUT/train-cuda-$r.metrics.jsonl" 2>/dev/null
-    steps=$(grep -c . "$OUT/train-cuda-$r.metrics.jsonl" 2>/dev/null || echo 0)
+    steps=$(grep -c . "$OUT/train-cuda-$r.metrics.jsonl" 2>/dev/null || true)
+    steps=${steps:-0}
     note "trainer large $r --device cuda: exit $rc in $(( $(date +%s) - t1 )) s, $steps steps"
     if [[ $rc -eq 124 ]]; then
       note "  (the $cap s cap ended it; its finished steps are measured)"
@@ -376,26 +378,30 @@ if [[ -x "$TRAINER" ]]; then
     cap=$(budget 40 20)
     (( cap == 0 )) && { note "SKIP the op profile of $r: the deadline is near"; continue; }
     t1=$(date +%s)
-    timeout "$cap" "$TRAINER" "${common[@]}" --recipe "$r" --device cuda --steps 3 --op-profile \
+    timeout -k 10 "$cap" "$TRAINER" "${common[@]}" --recipe "$r" --device cuda --steps 3 --op-profile \
       --out "$RUNS/profile-$r" > "$OUT/profile-cuda-$r.txt" 2>&1
     note "op profile, large $r --device cuda (3 steps): exit $? in $(( $(date +%s) - t1 )) s"
     sed -n '/^op profile/,$p' "$OUT/profile-cuda-$r.txt" | head -24 | tee -a "$SUMMARY"
   done
   t1=$(date +%s)
-  # The CPU reference runs: until each has two steps (or the deadline is near), then stopped.
+  # The CPU reference runs: until each has two steps, all have exited or the deadline is
+  # near; then their process groups (timeout's and the trainer's) are killed: their metrics
+  # are on disk, their checkpoints are not needed.
   if (( ${#cpu_runs[@]} > 0 )); then
     while (( $(budget 60 1) > 0 )); do
       done_runs=0
+      alive=0
       for r in $cpu_recipes; do
         n=$(grep -c . "$RUNS/train-cpu-$r/metrics.jsonl" 2>/dev/null || true)
         (( ${n:-0} >= 2 )) && done_runs=$((done_runs + 1))
       done
-      (( done_runs == ${#cpu_runs[@]} )) && break
+      for p in "${cpu_runs[@]}"; do kill -0 "$p" 2>/dev/null && alive=$((alive + 1)); done
+      (( done_runs == ${#cpu_runs[@]} || alive == 0 )) && break
       sleep 2
     done
-    kill "${cpu_runs[@]}" 2>/dev/null
+    for p in "${cpu_runs[@]}"; do kill -KILL -- "-$p" 2>/dev/null || kill -KILL "$p" 2>/dev/null; done
     wait "${cpu_runs[@]}" 2>/dev/null
-    note "CPU reference runs (background, stopped after 2 steps) took $(( $(date +%s) - t1 )) s more after the device runs"
+    note "CPU reference runs (background) stopped $(( $(date +%s) - t1 )) s after the device runs"
   fi
   for r in $cpu_recipes; do
     cp "$RUNS/train-cpu-$r/metrics.jsonl" "$OUT/train-cpu-$r.metrics.jsonl" 2>/dev/null
@@ -413,17 +419,17 @@ if [[ -x "$TRAINER" ]]; then
     note "SKIP the sampler on the device: $(( $(date +%s) - T0 )) s used already"
   else
     t1=$(date +%s)
-    timeout "$(cap_of 40)" "$TRAINER" train --preset small --steps 20 --eval-every 1000 --quiet \
+    timeout -k 10 "$(cap_of 40)" "$TRAINER" train --preset small --steps 20 --eval-every 1000 --quiet \
       --recipe bf16 --device cuda --out "$RUNS/small" > "$OUT/train-cuda-small.txt" 2>&1
     note "trainer small bf16 --device cuda (20 steps): exit $? in $(( $(date +%s) - t1 )) s"
     rl=(rl --from "$RUNS/small" --plan bf16-nvfp4 --steps 3 --prompts 16 --group 8
       --eval-every 3 --eval-prompts 32 --quiet)
-    RAYON_NUM_THREADS=8 timeout "$(cap_of 80)" "$TRAINER" "${rl[@]}" --device cpu --out "$RUNS/rl-cpu" \
+    RAYON_NUM_THREADS=8 timeout -k 10 "$(cap_of 80)" "$TRAINER" "${rl[@]}" --device cpu --out "$RUNS/rl-cpu" \
       > "$OUT/rl-cpu.txt" 2>&1 &
     cpu_rl=$!
     for d in cuda cpu; do
       t1=$(date +%s%N)
-      timeout "$(cap_of 25)" "$TRAINER" sample "$RUNS/small" --device "$d" --recipe nvfp4 --temperature 0 \
+      timeout -k 10 "$(cap_of 25)" "$TRAINER" sample "$RUNS/small" --device "$d" --recipe nvfp4 --temperature 0 \
         --tokens 200 > "$OUT/sample-$d.txt" 2> "$OUT/sample-$d.err"
       rc=$?
       note "trainer sample --device $d (200 tokens, greedy, nvfp4): exit $rc in $(( ($(date +%s%N) - t1) / 1000000 )) ms"
@@ -435,13 +441,13 @@ if [[ -x "$TRAINER" ]]; then
       note "CHECK: sample texts differ between the device and the CPU (see sample-*.txt)"
     fi
     t1=$(date +%s)
-    timeout "$(cap_of 75)" "$TRAINER" "${rl[@]}" --device cuda --out "$RUNS/rl-cuda" > "$OUT/rl-cuda.txt" 2>&1
+    timeout -k 10 "$(cap_of 75)" "$TRAINER" "${rl[@]}" --device cuda --out "$RUNS/rl-cuda" > "$OUT/rl-cuda.txt" 2>&1
     rc=$?
     note "trainer rl --device cuda (3 steps): exit $rc in $(( $(date +%s) - t1 )) s"
     [[ $rc -ne 0 ]] && { status=1; tail -3 "$OUT/rl-cuda.txt" | tee -a "$SUMMARY"; }
     # compare on the device: two recipes of the tiny preset in turn, the report names the device
     t1=$(date +%s)
-    timeout "$(cap_of 30)" "$TRAINER" compare --preset tiny --steps 20 --eval-every 20 --recipes bf16,nvfp4-no-bf16-layers \
+    timeout -k 10 "$(cap_of 30)" "$TRAINER" compare --preset tiny --steps 20 --eval-every 20 --recipes bf16,nvfp4-no-bf16-layers \
       --device cuda --quiet --out "$RUNS/compare" > "$OUT/compare-cuda.txt" 2>&1
     rc=$?
     note "trainer compare --device cuda (tiny, bf16 + nvfp4-no-bf16-layers, 20 steps): exit $rc in $(( $(date +%s) - t1 )) s"

@@ -283,7 +283,9 @@ impl Trainer {
 
     /// Times every op of each following step, forward and backward (the graph's
     /// [`OpProfile`], summed over the step's micro-batches; see [`Trainer::last_op_profile`]).
-    /// The timer reads the clock between ops, so it costs little, but it is off by default.
+    /// On the CPU the timer only reads the clock between ops; on a device each op first waits
+    /// for its kernels (so that the times are the device's), which slows the step: off by
+    /// default.
     pub fn set_op_profiling(&mut self, on: bool) {
         self.op_profiling = on;
         if !on {
@@ -292,8 +294,8 @@ impl Trainer {
     }
 
     /// The op timings of the last step, when [`Trainer::set_op_profiling`] is on (also of a
-    /// step the divergence guard rejected; none after a step that failed). On a device the
-    /// times are those of the host's calls, which may return before the device finishes.
+    /// step the divergence guard rejected; none after a step that failed). On a device each
+    /// op's time includes its kernels (the graph synchronises before reading the clock).
     pub fn last_op_profile(&self) -> Option<&OpProfile> {
         self.last_op_profile.as_ref()
     }
