@@ -143,6 +143,10 @@ impl Launcher for Emu {
         Ok(HostBuf::from_vec(vec![T::default(); n]))
     }
 
+    fn scratch<T: Elem>(&self, n: usize) -> Result<HostBuf<T>> {
+        Ok(HostBuf::from_vec(vec![T::POISON; n]))
+    }
+
     fn upload<T: Elem>(&self, data: &[T]) -> Result<HostBuf<T>> {
         Ok(HostBuf::from_vec(data.to_vec()))
     }

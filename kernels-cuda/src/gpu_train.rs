@@ -178,6 +178,22 @@ impl Launcher for GpuContext {
         Ok(GpuBuf { data, len: n })
     }
 
+    fn scratch<T: Elem>(&self, n: usize) -> Result<GpuBuf<T>> {
+        let bytes = n.max(1) * std::mem::size_of::<T>();
+        // SAFETY: the memory is handed out uninitialised: `scratch`'s contract is that every
+        // element is written (by a kernel or a GEMM) before anything reads it.
+        let alloc = || unsafe { self.stream.alloc::<T>(n.max(1)) };
+        let data = match alloc() {
+            Err(e) if e.0 == CUresult::CUDA_ERROR_OUT_OF_MEMORY => {
+                self.trim_pool();
+                alloc()
+            }
+            r => r,
+        }
+        .map_err(|e| oom_or(e, bytes))?;
+        Ok(GpuBuf { data, len: n })
+    }
+
     fn upload<T: Elem>(&self, data: &[T]) -> Result<GpuBuf<T>> {
         let mut b = <Self as Launcher>::zeros::<T>(self, data.len())?;
         if !data.is_empty() {

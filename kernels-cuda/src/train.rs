@@ -63,13 +63,28 @@ pub trait Elem:
     + std::fmt::Debug
     + 'static
 {
+    /// All bits set (a NaN for floats): what the emulator fills [`Launcher::scratch`] with,
+    /// so that a read of scratch that was never written shows.
+    const POISON: Self;
 }
-impl Elem for u8 {}
-impl Elem for u16 {}
-impl Elem for f32 {}
-impl Elem for f64 {}
-impl Elem for u32 {}
-impl Elem for u64 {}
+impl Elem for u8 {
+    const POISON: Self = u8::MAX;
+}
+impl Elem for u16 {
+    const POISON: Self = u16::MAX;
+}
+impl Elem for f32 {
+    const POISON: Self = f32::from_bits(u32::MAX);
+}
+impl Elem for f64 {
+    const POISON: Self = f64::from_bits(u64::MAX);
+}
+impl Elem for u32 {
+    const POISON: Self = u32::MAX;
+}
+impl Elem for u64 {
+    const POISON: Self = u64::MAX;
+}
 
 /// A device that runs the training kernels: the GPU, or the CPU emulator.
 pub trait Launcher {
@@ -77,6 +92,12 @@ pub trait Launcher {
     type Buf<T: Elem>;
     /// A zero-filled buffer of `n` elements.
     fn zeros<T: Elem>(&self, n: usize) -> Result<Self::Buf<T>>;
+    /// A buffer of `n` elements with unspecified contents, for scratch whose every element is
+    /// written before it is read: no fill on a GPU, [`Elem::POISON`] under the emulator. The
+    /// default is [`Launcher::zeros`].
+    fn scratch<T: Elem>(&self, n: usize) -> Result<Self::Buf<T>> {
+        self.zeros(n)
+    }
     /// A copy of host data on the device.
     fn upload<T: Elem>(&self, data: &[T]) -> Result<Self::Buf<T>>;
     /// A copy of device data on the host (synchronizes).
@@ -1264,6 +1285,9 @@ impl<L: Launcher + ?Sized> Launcher for &L {
     type Buf<T: Elem> = L::Buf<T>;
     fn zeros<T: Elem>(&self, n: usize) -> Result<Self::Buf<T>> {
         (**self).zeros(n)
+    }
+    fn scratch<T: Elem>(&self, n: usize) -> Result<Self::Buf<T>> {
+        (**self).scratch(n)
     }
     fn upload<T: Elem>(&self, data: &[T]) -> Result<Self::Buf<T>> {
         (**self).upload(data)

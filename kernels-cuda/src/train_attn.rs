@@ -17,7 +17,9 @@
 //! differ), so the checks against the CPU op are the same. The products over the masked upper
 //! triangle are computed and multiplied by zeros: on tensor cores that costs less than the
 //! fused kernels' FP32 dot products by far. A group holds at most [`GROUP_BYTES`] of score
-//! matrices (12 bytes per score backward, 6 forward), one head at the least. Sequences longer
+//! matrices (12 bytes per score backward, 6 forward), one head at the least; the scratch is
+//! never zero-filled ([`Launcher::scratch`]: every element is written before it is read, which
+//! the emulator checks by filling it with NaN). Sequences longer
 //! than 46340 positions (a score matrix past cuBLASLt's 32-bit sizes) keep the fused kernels.
 //!
 //! [`TrainOps::attention_fwd`]: crate::train::TrainOps::attention_fwd
@@ -54,7 +56,7 @@ fn i32_of(what: &str, v: usize) -> Result<i32> {
 
 /// `bf16(x)` bits of a whole buffer.
 fn to_bf16<L: Launcher + ?Sized>(l: &L, x: &L::Buf<f32>) -> Result<L::Buf<u16>> {
-    let mut out = l.zeros::<u16>(l.len(x))?;
+    let mut out = l.scratch::<u16>(l.len(x))?;
     l.to_bf16_bits(x, &mut out)?;
     Ok(out)
 }
@@ -167,8 +169,8 @@ pub(crate) fn forward<L: Launcher + ?Sized>(
     let (qb, kb, vb) = (to_bf16(l, q)?, to_bf16(l, k)?, to_bf16(l, v)?);
     let (tt, td) = (t * t, t * d);
     let group = heads_per_group(bh, tt * 6, group_bytes);
-    let s = l.zeros::<f32>(group * tt)?;
-    let p = l.zeros::<u16>(group * tt)?;
+    let s = l.scratch::<f32>(group * tt)?;
+    let p = l.scratch::<u16>(group * tt)?;
     let ti = i32_of("t", t)?;
     for h0 in (0..bh).step_by(group) {
         let hn = group.min(bh - h0);
@@ -223,10 +225,10 @@ pub(crate) fn backward<L: Launcher + ?Sized>(
     );
     let (tt, td) = (t * t, t * d);
     let group = heads_per_group(bh, tt * 12, group_bytes);
-    let s = l.zeros::<f32>(group * tt)?;
-    let dp = l.zeros::<f32>(group * tt)?;
-    let pb = l.zeros::<u16>(group * tt)?;
-    let ds = l.zeros::<u16>(group * tt)?;
+    let s = l.scratch::<f32>(group * tt)?;
+    let dp = l.scratch::<f32>(group * tt)?;
+    let pb = l.scratch::<u16>(group * tt)?;
+    let ds = l.scratch::<u16>(group * tt)?;
     let ti = i32_of("t", t)?;
     let beta = |acc: bool| if acc { 1.0 } else { 0.0 };
     for h0 in (0..bh).step_by(group) {
@@ -364,6 +366,11 @@ mod tests {
                 "{name}"
             );
             assert!(a.iter().any(|x| *x != 0.0), "{name} is all zeros");
+            // the emulator's scratch is NaN until written: none may reach a result
+            assert!(
+                a.iter().all(|x| x.is_finite()),
+                "{name} read unwritten scratch"
+            );
         }
         let added = run(2 * t * t * 12, true);
         let init = data(5);

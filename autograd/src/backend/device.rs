@@ -203,12 +203,17 @@ impl DeviceLauncher {
         self.pool.free().clear();
     }
 
-    fn alloc<T: Elem>(&self, n: usize) -> kernels_cuda::Result<BufKind<T>> {
+    /// A new buffer of `n` elements: zeros, or (`zeroed == false`) unspecified contents
+    /// ([`Launcher::scratch`]).
+    fn alloc<T: Elem>(&self, n: usize, zeroed: bool) -> kernels_cuda::Result<BufKind<T>> {
         let fresh = || -> kernels_cuda::Result<BufKind<T>> {
-            Ok(match &self.kind {
-                Kind::Gpu(g) => BufKind::Gpu(<GpuContext as Launcher>::zeros(g, n)?),
+            Ok(match (&self.kind, zeroed) {
+                (Kind::Gpu(g), true) => BufKind::Gpu(<GpuContext as Launcher>::zeros(g, n)?),
+                (Kind::Gpu(g), false) => BufKind::Gpu(<GpuContext as Launcher>::scratch(g, n)?),
                 #[cfg(feature = "cuda-emu")]
-                Kind::Emu(e) => BufKind::Emu(e.zeros(n)?),
+                (Kind::Emu(e), true) => BufKind::Emu(e.zeros(n)?),
+                #[cfg(feature = "cuda-emu")]
+                (Kind::Emu(e), false) => BufKind::Emu(e.scratch(n)?),
             })
         };
         match fresh() {
@@ -221,18 +226,29 @@ impl DeviceLauncher {
         }
     }
 
-    /// A pooled f32 buffer of `n` zeros: a freed one of that length (zero-filled by
-    /// `nb_fill_scaled` from a zero scalar) or a new one.
-    fn pooled_f32(&self, n: usize) -> kernels_cuda::Result<DeviceBuf<f32>> {
+    /// A pooled f32 buffer of `n` zeros (`zeroed`) or of unspecified contents: a freed one of
+    /// that length (zero-filled by `nb_fill_scaled` from a zero scalar, or left as it is; under
+    /// the emulator scratch is poisoned again) or a new one.
+    fn pooled_f32(&self, n: usize, zeroed: bool) -> kernels_cuda::Result<DeviceBuf<f32>> {
         let reuse = self.pool.free().get_mut(&n).and_then(Vec::pop);
         let b = match reuse.map(|b| b.downcast::<BufKind<f32>>()) {
+            Some(Ok(b)) if !zeroed => {
+                self.pool.reused.fetch_add(1, Ordering::Relaxed);
+                match (*b, &self.kind) {
+                    #[cfg(feature = "cuda-emu")]
+                    (BufKind::Emu(_), Kind::Emu(e)) => {
+                        DeviceBuf::plain(BufKind::Emu(e.scratch(n)?))
+                    }
+                    (b, _) => DeviceBuf::plain(b),
+                }
+            }
             Some(Ok(b)) => {
                 self.pool.reused.fetch_add(1, Ordering::Relaxed);
                 let mut b = DeviceBuf::plain(*b);
                 let mut slot = self.pool.zero.lock().unwrap_or_else(|p| p.into_inner());
                 let zero = DeviceBuf::plain(match slot.take() {
                     Some(z) => z,
-                    None => self.alloc::<f32>(1)?,
+                    None => self.alloc::<f32>(1, true)?,
                 });
                 let r = self.fill_scaled(&zero, 0.0, (false, &mut b));
                 *slot = zero.into_kind();
@@ -241,7 +257,7 @@ impl DeviceLauncher {
             }
             _ => {
                 self.pool.allocated.fetch_add(1, Ordering::Relaxed);
-                DeviceBuf::plain(self.alloc::<f32>(n)?)
+                DeviceBuf::plain(self.alloc::<f32>(n, zeroed)?)
             }
         };
         let pool = Arc::clone(&self.pool);
@@ -253,15 +269,26 @@ impl DeviceLauncher {
     }
 }
 
+impl DeviceLauncher {
+    /// f32 buffers from the pool, others new: zeros or (`zeroed == false`) scratch.
+    fn pooled_or_new<T: Elem>(&self, n: usize, zeroed: bool) -> kernels_cuda::Result<DeviceBuf<T>> {
+        if TypeId::of::<T>() == TypeId::of::<f32>() {
+            let b: Box<dyn Any> = Box::new(self.pooled_f32(n, zeroed)?);
+            return Ok(*b.downcast::<DeviceBuf<T>>().expect("T is f32"));
+        }
+        Ok(DeviceBuf::plain(self.alloc(n, zeroed)?))
+    }
+}
+
 impl Launcher for DeviceLauncher {
     type Buf<T: Elem> = DeviceBuf<T>;
 
     fn zeros<T: Elem>(&self, n: usize) -> kernels_cuda::Result<DeviceBuf<T>> {
-        if TypeId::of::<T>() == TypeId::of::<f32>() {
-            let b: Box<dyn Any> = Box::new(self.pooled_f32(n)?);
-            return Ok(*b.downcast::<DeviceBuf<T>>().expect("T is f32"));
-        }
-        Ok(DeviceBuf::plain(self.alloc(n)?))
+        self.pooled_or_new(n, true)
+    }
+
+    fn scratch<T: Elem>(&self, n: usize) -> kernels_cuda::Result<DeviceBuf<T>> {
+        self.pooled_or_new(n, false)
     }
 
     fn upload<T: Elem>(&self, data: &[T]) -> kernels_cuda::Result<DeviceBuf<T>> {
