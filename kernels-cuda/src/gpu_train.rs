@@ -161,37 +161,38 @@ impl GpuContext {
     }
 }
 
+impl GpuContext {
+    /// A buffer of `n` elements (at least one allocated) from `alloc`; when the device is out
+    /// of memory, the pool keeps freed memory (`keep_freed_memory`): give it back, try once more.
+    fn buffer<T: Elem>(
+        &self,
+        n: usize,
+        alloc: impl Fn(usize) -> std::result::Result<CudaSlice<T>, cudarc::driver::DriverError>,
+    ) -> Result<GpuBuf<T>> {
+        let len = n.max(1);
+        let data = match alloc(len) {
+            Err(e) if e.0 == CUresult::CUDA_ERROR_OUT_OF_MEMORY => {
+                self.trim_pool();
+                alloc(len)
+            }
+            r => r,
+        }
+        .map_err(|e| oom_or(e, len * std::mem::size_of::<T>()))?;
+        Ok(GpuBuf { data, len: n })
+    }
+}
+
 impl Launcher for GpuContext {
     type Buf<T: Elem> = GpuBuf<T>;
 
     fn zeros<T: Elem>(&self, n: usize) -> Result<GpuBuf<T>> {
-        let bytes = n.max(1) * std::mem::size_of::<T>();
-        let data = match self.stream.alloc_zeros::<T>(n.max(1)) {
-            // the pool keeps freed memory (`keep_freed_memory`): give it back, try once more
-            Err(e) if e.0 == CUresult::CUDA_ERROR_OUT_OF_MEMORY => {
-                self.trim_pool();
-                self.stream.alloc_zeros::<T>(n.max(1))
-            }
-            r => r,
-        }
-        .map_err(|e| oom_or(e, bytes))?;
-        Ok(GpuBuf { data, len: n })
+        self.buffer(n, |len| self.stream.alloc_zeros::<T>(len))
     }
 
     fn scratch<T: Elem>(&self, n: usize) -> Result<GpuBuf<T>> {
-        let bytes = n.max(1) * std::mem::size_of::<T>();
         // SAFETY: the memory is handed out uninitialised: `scratch`'s contract is that every
         // element is written (by a kernel or a GEMM) before anything reads it.
-        let alloc = || unsafe { self.stream.alloc::<T>(n.max(1)) };
-        let data = match alloc() {
-            Err(e) if e.0 == CUresult::CUDA_ERROR_OUT_OF_MEMORY => {
-                self.trim_pool();
-                alloc()
-            }
-            r => r,
-        }
-        .map_err(|e| oom_or(e, bytes))?;
-        Ok(GpuBuf { data, len: n })
+        self.buffer(n, |len| unsafe { self.stream.alloc::<T>(len) })
     }
 
     fn upload<T: Elem>(&self, data: &[T]) -> Result<GpuBuf<T>> {

@@ -203,11 +203,11 @@ fn bad(msg: String) -> KernelError {
     KernelError::InvalidArgument(msg)
 }
 
-fn i32_of(what: &str, v: usize) -> Result<i32> {
+pub(crate) fn i32_of(what: &str, v: usize) -> Result<i32> {
     i32::try_from(v).map_err(|_| bad(format!("{what} = {v} exceeds the kernels' int range")))
 }
 
-fn u32_of(what: &str, v: usize) -> Result<u32> {
+pub(crate) fn u32_of(what: &str, v: usize) -> Result<u32> {
     u32::try_from(v).map_err(|_| bad(format!("{what} = {v} exceeds the grid limit")))
 }
 

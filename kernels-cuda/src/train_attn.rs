@@ -25,7 +25,7 @@
 //! [`TrainOps::attention_fwd`]: crate::train::TrainOps::attention_fwd
 //! [`TrainOps::attention_bwd`]: crate::train::TrainOps::attention_bwd
 
-use crate::train::{Arg, Launcher, ROWS_PER_BLOCK};
+use crate::train::{i32_of, u32_of, Arg, Launcher, ROWS_PER_BLOCK};
 use crate::train_tc::{Bf16Gemm, Bf16GemmPtrs, Bf16View, TensorCoreOps};
 use crate::{KernelError, Result};
 
@@ -42,16 +42,6 @@ pub(crate) fn fits(t: usize) -> bool {
 /// `limit`.
 fn heads_per_group(bh: usize, per_head: usize, limit: usize) -> usize {
     (limit / per_head.max(1)).clamp(1, bh.max(1))
-}
-
-fn u32_of(what: &str, v: usize) -> Result<u32> {
-    u32::try_from(v)
-        .map_err(|_| KernelError::InvalidArgument(format!("attention: {what} {v} exceeds u32")))
-}
-
-fn i32_of(what: &str, v: usize) -> Result<i32> {
-    i32::try_from(v)
-        .map_err(|_| KernelError::InvalidArgument(format!("attention: {what} {v} exceeds i32")))
 }
 
 /// `bf16(x)` bits of a whole buffer.

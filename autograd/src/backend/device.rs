@@ -226,6 +226,15 @@ impl DeviceLauncher {
         }
     }
 
+    /// f32 buffers from the pool, others new: zeros or (`zeroed == false`) scratch.
+    fn pooled_or_new<T: Elem>(&self, n: usize, zeroed: bool) -> kernels_cuda::Result<DeviceBuf<T>> {
+        if TypeId::of::<T>() == TypeId::of::<f32>() {
+            let b: Box<dyn Any> = Box::new(self.pooled_f32(n, zeroed)?);
+            return Ok(*b.downcast::<DeviceBuf<T>>().expect("T is f32"));
+        }
+        Ok(DeviceBuf::plain(self.alloc(n, zeroed)?))
+    }
+
     /// A pooled f32 buffer of `n` zeros (`zeroed`) or of unspecified contents: a freed one of
     /// that length (zero-filled by `nb_fill_scaled` from a zero scalar, or left as it is; under
     /// the emulator scratch is poisoned again) or a new one.
@@ -266,17 +275,6 @@ impl DeviceLauncher {
             pool.free().entry(n).or_default().push(Box::new(k));
         }));
         Ok(b)
-    }
-}
-
-impl DeviceLauncher {
-    /// f32 buffers from the pool, others new: zeros or (`zeroed == false`) scratch.
-    fn pooled_or_new<T: Elem>(&self, n: usize, zeroed: bool) -> kernels_cuda::Result<DeviceBuf<T>> {
-        if TypeId::of::<T>() == TypeId::of::<f32>() {
-            let b: Box<dyn Any> = Box::new(self.pooled_f32(n, zeroed)?);
-            return Ok(*b.downcast::<DeviceBuf<T>>().expect("T is f32"));
-        }
-        Ok(DeviceBuf::plain(self.alloc(n, zeroed)?))
     }
 }
 
