@@ -63,8 +63,9 @@ pub fn suite(threads: usize, rounds: usize) -> Result<Vec<Metric>> {
     let peak = |u: Unit| peaks.iter().find(|(x, _)| *x == u).and_then(|(_, p)| *p);
     let bf16_unit = match quant::gemm::bf16::quantized_gemm_arithmetic() {
         Some(Bf16Arithmetic::Tiles) => Unit::Amx,
-        Some(Bf16Arithmetic::Pairs) => Unit::Dpbf16,
-        None => Unit::Fma, // BF16 operands multiply on the f32 GEMM
+        Some(Bf16Arithmetic::Pairs) if fp_formats::cpu::has_avx512_bf16() => Unit::Dpbf16,
+        // the pair arithmetic on FMAs (AVX2), or the f32 GEMM: both at the FMA's peak
+        Some(Bf16Arithmetic::Pairs) | None => Unit::Fma,
     };
     // the `vdpbf16ps` kernel, where the CPU has it but training runs on the tiles
     let pairs_too = bf16_unit == Unit::Amx && Bf16Arithmetic::Pairs.native();

@@ -1,8 +1,9 @@
 //! The BF16 GEMM: `out[M, N] = A[M, K] · B[N, K]ᵀ` with both operands rounded to BF16 and
 //! the products accumulated in FP32, in one of two fixed arithmetics
 //! ([`Bf16Arithmetic`], docs/numerics.md#the-bf16-gemm): those of the two x86 BF16
-//! dot-product units, each computed by its unit where the CPU has it and reproduced bit for
-//! bit by portable code everywhere.
+//! dot-product units, each computed by its unit where the CPU has it (the pairs also by
+//! AVX2's FMAs, [`super::fma_pairs`]) and reproduced bit for bit by portable code
+//! everywhere.
 //!
 //! **What both share.** Inputs are rounded to BF16 (round to nearest even; a value that is
 //! already BF16, as every quantized GEMM operand is, is unchanged); BF16 subnormals count as
@@ -27,7 +28,8 @@
 //! c = c + a[2j+1]·b[2j+1];  c = c + a[2j]·b[2j]
 //! ```
 //!
-//! (the odd product first, each step rounded and flushed on its own).
+//! (the odd product first, each step rounded and flushed on its own; a step's result is
+//! flushed when it is tiny *after* rounding, x86's rule: see `add_exact_pairs`).
 //!
 //! Not modelled: overflow of a product or partial sum beyond FP32's range (where the tile
 //! unit keeps a wider exponent than the model; `vdpbf16ps` overflows to infinity as modelled)
@@ -110,6 +112,30 @@ fn add_exact(s: f32, p: f64) -> f32 {
     ftz((s as f64 + p) as f32)
 }
 
+/// `c + p` for an f32 `c` and an exact product `p` of two BF16 values, one step of the pair
+/// arithmetic: rounded to nearest even, and flushed to a zero of its sign when **tiny after
+/// rounding**, x86's rule for FTZ (the sum rounded to 24 bits with an unbounded exponent
+/// lies below 2^-126; measured with MXCSR.FTZ on `vfmadd231ps`, which [`super::fma_pairs`]
+/// computes the arithmetic with). That differs from [`add_exact`]'s flush of a subnormal
+/// f32 result only for sums in `[2^-126 - 2^-150, 2^-126 - 2^-151)`: they round up to 2^-126
+/// on FP32's subnormal grid, but down with 24 bits, so they are tiny and flushed. `c + p` in
+/// f64 is exact wherever the comparison with the bound could depend on it (near 2^-126 both
+/// operands lie on grids that f64 resolves).
+#[inline(always)]
+fn add_exact_pairs(c: f32, p: f64) -> f32 {
+    const TINY: f64 = f64::from_bits(0x380f_ffff_f000_0000); // 2^-126 - 2^-151
+    let r = c as f64 + p;
+    if r.abs() < TINY {
+        if r.is_sign_negative() {
+            -0.0
+        } else {
+            0.0
+        }
+    } else {
+        r as f32
+    }
+}
+
 /// The order in which a BF16 GEMM sums the products of one output element: the arithmetic
 /// of one of the two BF16 dot-product units (see the module docs). Both are exact products
 /// summed in FP32 with round-to-nearest-even, DAZ and FTZ; they differ in the order of the
@@ -119,24 +145,31 @@ pub enum Bf16Arithmetic {
     /// AMX-BF16 `tdpbf16ps`: per chunk of 32, the even and the odd products in two partial
     /// sums, added together and then to the running sum.
     Tiles,
-    /// AVX512-BF16 `vdpbf16ps`: one running sum over K, per pair the odd product first.
+    /// AVX512-BF16 `vdpbf16ps`: one running sum over K, per pair the odd product first
+    /// (computed with FMAs where the CPU has AVX2 but not AVX512_BF16).
     Pairs,
 }
 
 impl Bf16Arithmetic {
     /// Whether this CPU computes the arithmetic in hardware (the AMX-BF16 tile unit for
-    /// [`Tiles`](Self::Tiles), AVX512_BF16 for [`Pairs`](Self::Pairs)), so that
-    /// [`bf16_gemm_tn`] runs at the unit's speed rather than on the portable model.
+    /// [`Tiles`](Self::Tiles); for [`Pairs`](Self::Pairs) AVX512_BF16's `vdpbf16ps`, or
+    /// else AVX2's FMA under MXCSR's FTZ and DAZ, which computes the same steps), so that
+    /// [`bf16_gemm_tn`] runs at the hardware's speed rather than on the portable model.
     ///
     /// ```
     /// use quant::gemm::bf16::Bf16Arithmetic;
     /// assert_eq!(Bf16Arithmetic::Tiles.native(), fp_formats::cpu::has_amx_bf16());
-    /// assert_eq!(Bf16Arithmetic::Pairs.native(), fp_formats::cpu::has_avx512_bf16());
+    /// assert_eq!(
+    ///     Bf16Arithmetic::Pairs.native(),
+    ///     fp_formats::cpu::has_avx512_bf16() || fp_formats::cpu::has_avx2_fma()
+    /// );
     /// ```
     pub fn native(self) -> bool {
         match self {
             Bf16Arithmetic::Tiles => fp_formats::cpu::has_amx_bf16(),
-            Bf16Arithmetic::Pairs => fp_formats::cpu::has_avx512_bf16(),
+            Bf16Arithmetic::Pairs => {
+                fp_formats::cpu::has_avx512_bf16() || fp_formats::cpu::has_avx2_fma()
+            }
         }
     }
 
@@ -174,8 +207,8 @@ impl Bf16Arithmetic {
                 }
                 Bf16Arithmetic::Pairs => {
                     for k in (k0..k0 + CHUNK).step_by(2) {
-                        c = add_exact(c, product(k + 1));
-                        c = add_exact(c, product(k));
+                        c = add_exact_pairs(c, product(k + 1));
+                        c = add_exact_pairs(c, product(k));
                     }
                 }
             }
@@ -184,11 +217,14 @@ impl Bf16Arithmetic {
     }
 }
 
-/// What computes a GEMM: one of the two units, or the portable model of an arithmetic.
+/// What computes a GEMM: one of the two units, the pairs on FMAs, or the portable model of
+/// an arithmetic.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Unit {
     Amx,
     Dpbf16,
+    /// The pair arithmetic on AVX2 + FMA ([`super::fma_pairs`]).
+    Fma,
     Portable(Bf16Arithmetic),
 }
 
@@ -197,7 +233,8 @@ impl Unit {
     fn of(arith: Bf16Arithmetic) -> Unit {
         match arith {
             Bf16Arithmetic::Tiles if arith.native() => Unit::Amx,
-            Bf16Arithmetic::Pairs if arith.native() => Unit::Dpbf16,
+            Bf16Arithmetic::Pairs if fp_formats::cpu::has_avx512_bf16() => Unit::Dpbf16,
+            Bf16Arithmetic::Pairs if arith.native() => Unit::Fma,
             _ => Unit::Portable(arith),
         }
     }
@@ -246,9 +283,9 @@ pub fn bf16_gemm_tn(
     gemm_sides(Unit::of(arith), Side::View(a), Side::View(b), out, ws);
 }
 
-/// The arithmetic of the BF16 unit this CPU has, which the quantized GEMMs of training run
+/// The arithmetic of the BF16 kernel this CPU runs, which the quantized GEMMs of training run
 /// on: [`Tiles`](Bf16Arithmetic::Tiles) on the AMX-BF16 unit where present, else
-/// [`Pairs`](Bf16Arithmetic::Pairs) on AVX512-BF16, else `None` (and
+/// [`Pairs`](Bf16Arithmetic::Pairs) on AVX512-BF16 or else on AVX2's FMAs, else `None` (and
 /// [`quantized_gemm_tn`] runs on the f32 GEMM). The portable models reproduce both units bit
 /// for bit but run two orders of magnitude slower than the f32 GEMM, so they serve the
 /// tests, not training.
@@ -352,7 +389,7 @@ impl Side<'_> {
 /// An operand packed once into the B tiles of [`quantized_gemm_tn`], for products that
 /// reuse it (a weight frozen between two syncs of an RL sampler: its decode steps then
 /// skip packing it). The tiles are exactly those the GEMM would pack from the same view, so
-/// the products are the same bits. Made only where a BF16 unit runs.
+/// the products are the same bits. Made only where a BF16 kernel runs.
 #[derive(Clone, Debug)]
 pub struct PackedB {
     words: Vec<u32>,
@@ -361,7 +398,7 @@ pub struct PackedB {
 }
 
 impl PackedB {
-    /// `b: [N, K]` (any strides) packed as B, or `None` where no BF16 unit runs (there the
+    /// `b: [N, K]` (any strides) packed as B, or `None` where no BF16 kernel runs (there the
     /// product runs on the f32 GEMM, which packs nothing of its own).
     ///
     /// # Panics
@@ -395,11 +432,11 @@ impl PackedB {
 }
 
 /// [`quantized_gemm_tn`] on operands that may come packed already (quantized straight into
-/// the tile layout, see [`super::pack::pack_panels`]). Only where a BF16 unit runs
+/// the tile layout, see [`super::pack::pack_panels`]). Only where a BF16 kernel runs
 /// ([`quantized_gemm_rounds_inputs`]): the packed tiles are the input format of both.
 ///
 /// # Panics
-/// As [`bf16_gemm_tn`]; also when the CPU has no BF16 unit or a packed side's buffer is too
+/// As [`bf16_gemm_tn`]; also when the CPU has no BF16 kernel or a packed side's buffer is too
 /// short for its shape.
 pub(crate) fn quantized_gemm_sides(
     a: Side<'_>,
@@ -408,7 +445,7 @@ pub(crate) fn quantized_gemm_sides(
     ws: &mut Bf16Workspace,
 ) {
     let arith =
-        quantized_gemm_arithmetic().expect("quantized_gemm_sides: no BF16 unit on this CPU");
+        quantized_gemm_arithmetic().expect("quantized_gemm_sides: no BF16 kernel on this CPU");
     gemm_sides(Unit::of(arith), a, b, out, ws);
 }
 
@@ -568,7 +605,7 @@ fn block(
     assert!(a.holds(chunks) && b.holds(chunks));
     let arith = match unit {
         #[cfg(target_arch = "x86_64")]
-        Unit::Amx | Unit::Dpbf16 => {
+        Unit::Amx | Unit::Dpbf16 | Unit::Fma => {
             let (pa, pb) = (
                 (a.words.as_ptr().cast(), a.run, a.step),
                 (b.words.as_ptr().cast(), b.run, b.step),
@@ -578,10 +615,14 @@ fn block(
             // thread); `a` and `b` hold their tiles (i, t) for i < 2, t < chunks at the
             // strides given, and `c` the 32 x 32 block at stride `ldc` (asserted above).
             unsafe {
-                if unit == Unit::Amx {
-                    super::amx::block_2x2(pa, pb, chunks, c.as_mut_ptr(), ldc, acc)
-                } else {
-                    super::dpbf16::block_2x2(pa, pb, chunks, c.as_mut_ptr(), ldc, acc, rows)
+                match unit {
+                    Unit::Amx => super::amx::block_2x2(pa, pb, chunks, c.as_mut_ptr(), ldc, acc),
+                    Unit::Dpbf16 => {
+                        super::dpbf16::block_2x2(pa, pb, chunks, c.as_mut_ptr(), ldc, acc, rows)
+                    }
+                    _ => {
+                        super::fma_pairs::block_2x2(pa, pb, chunks, c.as_mut_ptr(), ldc, acc, rows)
+                    }
                 }
             };
             return;
@@ -642,8 +683,8 @@ fn pairs_portable(c: &mut [f32], ldc: usize, a: &[u16], b: &[u16]) {
             let (a0, a1) = (bf16_daz(ar[2 * p]) as f64, bf16_daz(ar[2 * p + 1]) as f64);
             let br = &b[p * 2 * TILE..][..2 * TILE];
             for (nn, s) in cr.iter_mut().enumerate() {
-                let odd = add_exact(ftz(*s), a1 * bf16_daz(br[2 * nn + 1]) as f64);
-                *s = add_exact(odd, a0 * bf16_daz(br[2 * nn]) as f64);
+                let odd = add_exact_pairs(ftz(*s), a1 * bf16_daz(br[2 * nn + 1]) as f64);
+                *s = add_exact_pairs(odd, a0 * bf16_daz(br[2 * nn]) as f64);
             }
         }
     }

@@ -13,6 +13,8 @@ mod amx;
 pub mod bf16;
 #[cfg(target_arch = "x86_64")]
 mod dpbf16;
+#[cfg(target_arch = "x86_64")]
+mod fma_pairs;
 pub(crate) mod pack;
 #[cfg(target_arch = "x86_64")]
 mod pack_avx512;

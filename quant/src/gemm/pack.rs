@@ -107,6 +107,12 @@ fn pack_k_runs(x: MatRef<'_>, kc: usize, a_layout: bool, tiles: &mut [u32]) {
             unsafe { pack_chunks_avx512(x, out, chunks, a_layout) };
             return;
         }
+        #[cfg(target_arch = "x86_64")]
+        if fp_formats::cpu::has_avx2() {
+            // SAFETY: the CPU has AVX2; otherwise as above.
+            unsafe { pack_chunks_avx2(x, out, chunks, a_layout) };
+            return;
+        }
         // SAFETY: as above.
         unsafe { pack_chunks::<false>(x, out, chunks, a_layout) };
     });
@@ -149,6 +155,22 @@ unsafe fn pack_chunks_avx512(
 ) {
     // SAFETY: (caller)
     unsafe { pack_chunks::<true>(x, out, chunks, a_layout) }
+}
+
+/// [`pack_chunks`] compiled for AVX2 (the scalar packing, vectorised by the compiler).
+///
+/// # Safety
+/// As [`pack_chunks`]; the CPU must have AVX2.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn pack_chunks_avx2(
+    x: MatRef<'_>,
+    out: SharedTiles,
+    chunks: std::ops::Range<usize>,
+    a_layout: bool,
+) {
+    // SAFETY: (caller)
+    unsafe { pack_chunks::<false>(x, out, chunks, a_layout) }
 }
 
 /// 16-row blocks per packing task: about two tasks per thread. Packing only moves values,
@@ -329,6 +351,20 @@ unsafe fn pack_tiles_avx512(
     pack_tiles::<true>(x, kc, i0, tiles, layout)
 }
 
+/// [`pack_tiles`] compiled for AVX2, for CPUs without AVX-512 (the pair arithmetic on
+/// FMAs, [`super::fma_pairs`]).
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn pack_tiles_avx2(
+    x: MatRef<'_>,
+    kc: usize,
+    i0: usize,
+    tiles: &mut [u32],
+    layout: (bool, bool),
+) {
+    pack_tiles::<false>(x, kc, i0, tiles, layout)
+}
+
 /// Whether the packing loops may use AVX-512 (the same instructions' results: the packing
 /// only converts and moves values, so the bits do not depend on it).
 pub(super) fn wide_packing() -> bool {
@@ -478,6 +514,12 @@ fn pack_dispatch(x: MatRef<'_>, kc: usize, i0: usize, tiles: &mut [u32], layout:
     if wide_packing() {
         // SAFETY: `wide_packing` says the CPU has AVX-512F/BW/VL/DQ and AVX512_BF16.
         unsafe { pack_tiles_avx512(x, kc, i0, tiles, layout) };
+        return;
+    }
+    #[cfg(target_arch = "x86_64")]
+    if fp_formats::cpu::has_avx2() {
+        // SAFETY: the CPU has AVX2.
+        unsafe { pack_tiles_avx2(x, kc, i0, tiles, layout) };
         return;
     }
     pack_tiles::<false>(x, kc, i0, tiles, layout);
