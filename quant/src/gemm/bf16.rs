@@ -495,6 +495,9 @@ fn gemm_sides(unit: Unit, a: Side<'_>, b: Side<'_>, out: &mut [f32], ws: &mut Bf
         .enumerate()
         .for_each(|(g, rows)| {
             let mut c = [0.0f32; BLOCK * BLOCK];
+            // A's tiles of the current block and slab spread into FP32 (the FMA kernel only)
+            #[cfg_attr(not(target_arch = "x86_64"), allow(unused_mut))]
+            let mut spread = Vec::new();
             #[cfg(target_arch = "x86_64")]
             let _cfg = (unit == Unit::Amx).then(super::amx::TileConfig::load);
             for k0 in (0..kc).step_by(slab) {
@@ -503,6 +506,11 @@ fn gemm_sides(unit: Unit, a: Side<'_>, b: Side<'_>, out: &mut [f32], ws: &mut Bf
                 for (bi, rows) in rows.chunks_mut(BLOCK * n).enumerate() {
                     let ib = g * group + bi;
                     let a_blk = la.tiles(pa, ib, k0, kn);
+                    #[cfg(target_arch = "x86_64")]
+                    if unit == Unit::Fma {
+                        let layout = (a_blk.run, a_blk.step);
+                        super::fma_pairs::expand_a(a_blk.words, layout, kn, &mut spread);
+                    }
                     let m_here = rows.len() / n;
                     for jb in 0..nb {
                         let b_blk = lb.tiles(pb, jb, k0, kn);
@@ -510,7 +518,7 @@ fn gemm_sides(unit: Unit, a: Side<'_>, b: Side<'_>, out: &mut [f32], ws: &mut Bf
                         let tiles = (a_blk, b_blk, kn);
                         if m_here == BLOCK && n_here == BLOCK {
                             // a whole block: straight into the output rows
-                            block(unit, tiles, acc, &mut rows[jb * BLOCK..], n, BLOCK);
+                            block(unit, tiles, &spread, acc, &mut rows[jb * BLOCK..], n, BLOCK);
                         } else {
                             if acc {
                                 for r in 0..m_here {
@@ -518,7 +526,7 @@ fn gemm_sides(unit: Unit, a: Side<'_>, b: Side<'_>, out: &mut [f32], ws: &mut Bf
                                         .copy_from_slice(&rows[r * n + jb * BLOCK..][..n_here]);
                                 }
                             }
-                            block(unit, tiles, acc, &mut c, BLOCK, m_here);
+                            block(unit, tiles, &spread, acc, &mut c, BLOCK, m_here);
                             for r in 0..m_here {
                                 rows[r * n + jb * BLOCK..][..n_here]
                                     .copy_from_slice(&c[r * BLOCK..][..n_here]);
@@ -596,6 +604,7 @@ impl Tiles<'_> {
 fn block(
     unit: Unit,
     (a, b, chunks): (Tiles<'_>, Tiles<'_>, usize),
+    a_spread: &[f32],
     acc: bool,
     c: &mut [f32],
     ldc: usize,
@@ -621,7 +630,10 @@ fn block(
                         super::dpbf16::block_2x2(pa, pb, chunks, c.as_mut_ptr(), ldc, acc, rows)
                     }
                     _ => {
-                        super::fma_pairs::block_2x2(pa, pb, chunks, c.as_mut_ptr(), ldc, acc, rows)
+                        // the spread A of these tiles (`gemm_sides` made it for this block)
+                        assert!(a_spread.len() >= 2 * chunks * 2 * TILE_WORDS);
+                        let c = c.as_mut_ptr();
+                        super::fma_pairs::block_2x2(a_spread, pb, chunks, c, ldc, acc, rows)
                     }
                 }
             };
