@@ -541,3 +541,46 @@ fn a_view_with_overflowing_strides_is_refused() {
         &mut Bf16Workspace::new(),
     );
 }
+
+/// The FMA kernel of the pair arithmetic sets MXCSR's FTZ and DAZ inside its own `asm!`
+/// block only: after a product (a subnormal-producing one, and on the thread that ran it)
+/// the control register is as before and this thread's arithmetic keeps subnormals again.
+#[cfg(target_arch = "x86_64")]
+#[test]
+fn the_gemm_leaves_the_floating_point_environment_as_it_was() {
+    use std::hint::black_box;
+    fn mxcsr() -> u32 {
+        let mut v = 0u32;
+        // SAFETY: stores the 32-bit control register into `v`.
+        unsafe { std::arch::asm!("stmxcsr dword ptr [{}]", in(reg) &mut v, options(nostack)) };
+        v
+    }
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(1)
+        .build()
+        .expect("pool");
+    pool.install(|| {
+        let before = mxcsr();
+        // products of 2^-64 · 2^-63: exact, below the normal range, flushed as sums
+        let (m, n, k) = (40, 40, 64);
+        let a = vec![2f32.powi(-64); m * k];
+        let b = vec![2f32.powi(-63); n * k];
+        let mut c = vec![f32::NAN; m * n];
+        bf16_gemm_tn(
+            Bf16Arithmetic::Pairs,
+            MatRef::row_major(&a, m, k),
+            MatRef::row_major(&b, n, k),
+            &mut c,
+            &mut Bf16Workspace::new(),
+        );
+        assert_eq!(mxcsr(), before, "MXCSR changed by the GEMM");
+        let tiny = black_box(f32::MIN_POSITIVE) * black_box(0.5);
+        assert!(
+            tiny.is_subnormal(),
+            "subnormals flushed after the GEMM: {tiny:e}"
+        );
+        // and the GEMM itself flushed: 2^-127 + 2^-127 + ... stays 0 after each FTZ step
+        let model = Bf16Arithmetic::Pairs.dot_reference(&a[..k], &b[..k]);
+        assert_eq!(c[0].to_bits(), model.to_bits());
+    });
+}
