@@ -234,7 +234,7 @@ impl Unit {
         match arith {
             Bf16Arithmetic::Tiles if arith.native() => Unit::Amx,
             Bf16Arithmetic::Pairs if fp_formats::cpu::has_avx512_bf16() => Unit::Dpbf16,
-            Bf16Arithmetic::Pairs if arith.native() => Unit::Fma,
+            Bf16Arithmetic::Pairs if fp_formats::cpu::has_avx2_fma() => Unit::Fma,
             _ => Unit::Portable(arith),
         }
     }
@@ -495,9 +495,6 @@ fn gemm_sides(unit: Unit, a: Side<'_>, b: Side<'_>, out: &mut [f32], ws: &mut Bf
         .enumerate()
         .for_each(|(g, rows)| {
             let mut c = [0.0f32; BLOCK * BLOCK];
-            // A's tiles of the current block and slab spread into FP32 (the FMA kernel only)
-            #[cfg_attr(not(target_arch = "x86_64"), allow(unused_mut))]
-            let mut spread = Vec::new();
             #[cfg(target_arch = "x86_64")]
             let _cfg = (unit == Unit::Amx).then(super::amx::TileConfig::load);
             for k0 in (0..kc).step_by(slab) {
@@ -506,11 +503,6 @@ fn gemm_sides(unit: Unit, a: Side<'_>, b: Side<'_>, out: &mut [f32], ws: &mut Bf
                 for (bi, rows) in rows.chunks_mut(BLOCK * n).enumerate() {
                     let ib = g * group + bi;
                     let a_blk = la.tiles(pa, ib, k0, kn);
-                    #[cfg(target_arch = "x86_64")]
-                    if unit == Unit::Fma {
-                        let layout = (a_blk.run, a_blk.step);
-                        super::fma_pairs::expand_a(a_blk.words, layout, kn, &mut spread);
-                    }
                     let m_here = rows.len() / n;
                     for jb in 0..nb {
                         let b_blk = lb.tiles(pb, jb, k0, kn);
@@ -518,7 +510,7 @@ fn gemm_sides(unit: Unit, a: Side<'_>, b: Side<'_>, out: &mut [f32], ws: &mut Bf
                         let tiles = (a_blk, b_blk, kn);
                         if m_here == BLOCK && n_here == BLOCK {
                             // a whole block: straight into the output rows
-                            block(unit, tiles, &spread, acc, &mut rows[jb * BLOCK..], n, BLOCK);
+                            block(unit, tiles, acc, &mut rows[jb * BLOCK..], n, BLOCK);
                         } else {
                             if acc {
                                 for r in 0..m_here {
@@ -526,7 +518,7 @@ fn gemm_sides(unit: Unit, a: Side<'_>, b: Side<'_>, out: &mut [f32], ws: &mut Bf
                                         .copy_from_slice(&rows[r * n + jb * BLOCK..][..n_here]);
                                 }
                             }
-                            block(unit, tiles, &spread, acc, &mut c, BLOCK, m_here);
+                            block(unit, tiles, acc, &mut c, BLOCK, m_here);
                             for r in 0..m_here {
                                 rows[r * n + jb * BLOCK..][..n_here]
                                     .copy_from_slice(&c[r * BLOCK..][..n_here]);
@@ -604,7 +596,6 @@ impl Tiles<'_> {
 fn block(
     unit: Unit,
     (a, b, chunks): (Tiles<'_>, Tiles<'_>, usize),
-    a_spread: &[f32],
     acc: bool,
     c: &mut [f32],
     ldc: usize,
@@ -630,10 +621,7 @@ fn block(
                         super::dpbf16::block_2x2(pa, pb, chunks, c.as_mut_ptr(), ldc, acc, rows)
                     }
                     _ => {
-                        // the spread A of these tiles (`gemm_sides` made it for this block)
-                        assert!(a_spread.len() >= 2 * chunks * 2 * TILE_WORDS);
-                        let c = c.as_mut_ptr();
-                        super::fma_pairs::block_2x2(a_spread, pb, chunks, c, ldc, acc, rows)
+                        super::fma_pairs::block_2x2(pa, pb, chunks, c.as_mut_ptr(), ldc, acc, rows)
                     }
                 }
             };
