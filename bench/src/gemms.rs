@@ -11,8 +11,11 @@
 //! small, that traffic rather than the arithmetic bounds the BF16 units, and `of_roofline`
 //! takes the larger of the two fractions. Where the CPU has both BF16 units, the `vdpbf16ps`
 //! kernel that training leaves to the tiles is timed too (`bf16_pairs`, against its own
-//! peak): it is the kernel CPUs without AMX train on. One process per thread count; every
-//! figure here is reported, not gated.
+//! peak): it is the kernel CPUs without AMX train on. Where the E2M1 block GEMM runs
+//! (`quant::gemm::e2m1`, AVX2 CPUs without BF16 units), the NVFP4 GEMM is measured against
+//! the byte dot product's peak (`vpmaddubsw`) and the kernel alone on NVFP4 values (`e2m1`,
+//! operand packing included) too. One process per thread count; every figure here is
+//! reported, not gated.
 
 use std::hint::black_box;
 
@@ -44,7 +47,12 @@ pub const SHAPES: &[(&str, usize, usize, usize)] = &[
 pub fn suite(threads: usize, rounds: usize) -> Result<Vec<Metric>> {
     let mut out = Vec::new();
     let mut peaks = Vec::new();
-    for unit in [Unit::Fma, Unit::Dpbf16, Unit::Amx] {
+    let e2m1 = quant::gemm::e2m1::e2m1_native();
+    let mut units = vec![Unit::Fma, Unit::Dpbf16, Unit::Amx];
+    if e2m1 {
+        units.push(Unit::ByteDot);
+    }
+    for unit in units {
         let p = peak_gflops(unit, threads, 0.3)?;
         if let Some(g) = p {
             out.push(Metric::absolute(
@@ -69,6 +77,8 @@ pub fn suite(threads: usize, rounds: usize) -> Result<Vec<Metric>> {
     };
     // the `vdpbf16ps` kernel, where the CPU has it but training runs on the tiles
     let pairs_too = bf16_unit == Unit::Amx && Bf16Arithmetic::Pairs.native();
+    // two NVFP4 operands multiply on the E2M1 block GEMM where it runs
+    let nvfp4_unit = if e2m1 { Unit::ByteDot } else { bf16_unit };
     let pool = pool(threads)?;
     for &(name, m, n, k) in SHAPES {
         let a = data(m * k, 21);
@@ -123,6 +133,16 @@ pub fn suite(threads: usize, rounds: usize) -> Result<Vec<Metric>> {
             vec![0.0f32; m * n],
         );
         let mut pairs_ws = Bf16Workspace::new();
+        // the NVFP4 operands' values (unscaled, `[outer, K]`), for the E2M1 GEMM alone
+        let values = |x: MatRef<'_>, q: &Quantizer, outer: usize| -> Result<Vec<f32>> {
+            let mut v = vec![0.0f32; outer * k];
+            q.fake_quantize_into(x, &mut quant::QuantState::new(), &mut v)?;
+            Ok(v)
+        };
+        let (fa, fb) = (values(ta, &nva, m)?, values(tb, &nvb, n)?);
+        let (vfa, vfb) = (MatRef::row_major(&fa, m, k), MatRef::row_major(&fb, n, k));
+        let mut o7 = vec![0.0f32; m * n];
+        let mut e2m1_ws = quant::gemm::e2m1::E2m1Workspace::new();
         let mut cases = vec![
             Case::new("f32", || {
                 pool.install(|| sgemm(1.0, va, vb.t(), 0.0, black_box(&mut o1)))
@@ -152,17 +172,27 @@ pub fn suite(threads: usize, rounds: usize) -> Result<Vec<Metric>> {
                 pool.install(|| bf16_gemm_tn(Bf16Arithmetic::Pairs, a, b, o, &mut pairs_ws))
             }));
         }
+        if e2m1 {
+            cases.push(Case::new("e2m1", || {
+                let (a, b, o) = (vfa, vfb, black_box(&mut o7));
+                let ran = pool.install(|| quant::gemm::e2m1::e2m1_gemm_tn(a, b, o, &mut e2m1_ws));
+                assert!(ran, "NVFP4 values split into E2M1 groups");
+            }));
+        }
         let r = run_rounds(&mut cases, rounds, 3, Clock::Wall);
         let flops = 2.0 * (m * n * k) as f64;
         let shape = format!("{m}x{n}x{k}, {threads} thread(s)");
         let mut cases = vec![
             ("f32", Unit::Fma),
             ("bf16", bf16_unit),
-            ("nvfp4", bf16_unit),
+            ("nvfp4", nvfp4_unit),
             ("mxfp8", bf16_unit),
         ];
         if pairs_too {
             cases.push(("bf16_pairs", Unit::Dpbf16));
+        }
+        if e2m1 {
+            cases.push(("e2m1", Unit::ByteDot));
         }
         for (case, unit) in cases {
             let g = flops / r.median_secs(case) / 1e9;
@@ -207,6 +237,9 @@ pub fn suite(threads: usize, rounds: usize) -> Result<Vec<Metric>> {
         ];
         if pairs_too {
             vs_f32.push(("bf16_pairs", "operand packing included"));
+        }
+        if e2m1 {
+            vs_f32.push(("e2m1", "NVFP4 values, operand packing included"));
         }
         for (case, what) in vs_f32 {
             out.push(Metric::reported_ratio(

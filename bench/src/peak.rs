@@ -1,6 +1,6 @@
 //! The instruction peaks the GEMMs are measured against: FP32 FMA (`vfmadd231ps` on 512-bit
-//! or 256-bit vectors, whichever the CPU has), the BF16 dot product (`vdpbf16ps`, 512-bit)
-//! and the AMX-BF16 tile unit (`tdpbf16ps`), each on 1 and 2 threads, as GFLOP/s (a
+//! or 256-bit vectors, whichever the CPU has), the BF16 dot product (`vdpbf16ps`, 512-bit),
+//! the AMX-BF16 tile unit (`tdpbf16ps`) and AVX2's byte dot product (`vpmaddubsw`), each on 1 and 2 threads, as GFLOP/s (a
 //! multiply-add counts 2). Every probe runs enough independent accumulators to hide the
 //! instruction's latency, on registers only.
 
@@ -19,6 +19,9 @@ pub enum Unit {
     Dpbf16,
     /// AMX-BF16 tile dot product.
     Amx,
+    /// AVX2 byte dot product `vpmaddubsw` (32 byte products per 256-bit instruction, a
+    /// product counted as a multiply-add: 2 operations), the E2M1 block GEMM's instruction.
+    ByteDot,
 }
 
 impl Unit {
@@ -28,6 +31,7 @@ impl Unit {
             Unit::Fma => "fp32_fma",
             Unit::Dpbf16 => "bf16_dot",
             Unit::Amx => "amx_bf16",
+            Unit::ByteDot => "byte_dot",
         }
     }
 }
@@ -176,6 +180,12 @@ fn probe(unit: Unit, iters: usize) -> Option<f64> {
             unsafe { x86::dpbf16(iters.max(1)) };
             Some((iters * x86::ACC * 64) as f64)
         }
+        #[cfg(target_arch = "x86_64")]
+        Unit::ByteDot if fp_formats::cpu::has_avx2() => {
+            // SAFETY: AVX2 checked just above.
+            unsafe { x86::byte_dot(iters.max(1)) };
+            Some((iters * x86::ACC * 64) as f64)
+        }
         _ => None,
     }
 }
@@ -239,6 +249,19 @@ mod x86 {
         probe_loop!(
             "vxorps ymm14, ymm14, ymm14\nvxorps ymm15, ymm15, ymm15",
             "vfmadd231ps",
+            "ymm",
+            iters
+        );
+    }
+
+    /// `iters` rounds of 14 256-bit byte dot products (`vpmaddubsw`).
+    ///
+    /// # Safety
+    /// The CPU must have AVX2; `iters >= 1`.
+    pub unsafe fn byte_dot(iters: usize) {
+        probe_loop!(
+            "vpxor ymm14, ymm14, ymm14\nvpxor ymm15, ymm15, ymm15",
+            "vpmaddubsw",
             "ymm",
             iters
         );

@@ -9,7 +9,10 @@
 //!   times block scale, without the per-tensor factor) are exactly BF16, and the product
 //!   runs on [`quantized_gemm_tn`]: the BF16 GEMM on AMX-BF16 tiles where the CPU has them
 //!   (FP32 accumulation in a fixed order, docs/numerics.md#the-bf16-gemm), the f32 GEMM
-//!   elsewhere. With an FP32 operand on either side it runs on the f32 GEMM ([`sgemm`]).
+//!   elsewhere. Two operands whose values are E2M1 ([`e2m1_values`]: NVFP4, MXFP4) multiply
+//!   on the E2M1 block GEMM instead where it runs ([`crate::gemm::e2m1`]: AVX2 CPUs without
+//!   a BF16 unit; exact group sums of 16, one rounding per group), their values then always
+//!   as f32 views. With an FP32 operand on either side it runs on the f32 GEMM ([`sgemm`]).
 //!
 //! * An [`Operand`] is a row-major `[rows, cols]` tensor ([`MatRef`]) and its [`Quantizer`]:
 //!   rowwise, the GEMM operand is the tensor itself; columnwise, its transpose
@@ -54,6 +57,9 @@ use crate::config::{Fp8Scaling, OperandQuant, QuantFormat, RoundingMode, Usage};
 use crate::gemm::bf16::{
     quantized_gemm_rounds_inputs, quantized_gemm_sides, quantized_gemm_tn, Bf16Workspace, PackedB,
     Side,
+};
+use crate::gemm::e2m1::{
+    e2m1_gemm_tn, e2m1_gemm_tn_packed, e2m1_native, E2m1Workspace, PackedE2m1B,
 };
 use crate::gemm::{sgemm, MatRef};
 use crate::{QuantError, QuantState, Quantizer};
@@ -103,6 +109,7 @@ pub struct GemmWorkspace {
     a: Vec<f32>,
     b: Vec<f32>,
     packed: Bf16Workspace,
+    e2m1: E2m1Workspace,
 }
 
 impl GemmWorkspace {
@@ -151,14 +158,68 @@ pub fn quantized_matmul_tn_with(
         a: wa,
         b: wb,
         packed,
+        e2m1: e2m1_ws,
     } = ws;
     let qa = a.quantizer.quantizes();
     let qb = b.quantizer.quantizes();
-    let rounds = qa && qb && quantized_gemm_rounds_inputs();
+    let e2m1 = e2m1_gemm_runs(a.quant(), e2m1_values(b.quant()));
+    let rounds = qa && qb && quantized_gemm_rounds_inputs() && !e2m1;
     let (av, fa) = prepare(a, wa, (&mut packed.a, true), rounds)?;
     let (bv, fb) = prepare(b, wb, (&mut packed.b, false), rounds)?;
-    finish((av, fa, qa), (bv, fb, qb), out, packed);
+    let a = Prepared::new(av, fa, qa, e2m1);
+    let b = Prepared::new(bv, fb, qb, e2m1);
+    finish(a, b, out, (packed, e2m1_ws));
     Ok(())
+}
+
+/// Whether `q`'s values are E2M1 codes times a scale shared by each aligned group of 16
+/// along K (NVFP4 with any block shape, MXFP4): two such operands may multiply on the E2M1
+/// block GEMM ([`crate::gemm::e2m1`]), exactly per group, where that runs.
+///
+/// ```
+/// use quant::qgemm::e2m1_values;
+/// use quant::{GemmPolicy, OperandQuant};
+/// assert!(e2m1_values(&OperandQuant::nvfp4()));
+/// assert!(e2m1_values(&GemmPolicy::mxfp4_tseng().dgrad.a));
+/// assert!(!e2m1_values(&OperandQuant::BF16));
+/// ```
+pub fn e2m1_values(q: &OperandQuant) -> bool {
+    use fp_formats::mx::MxElement;
+    match q.format {
+        QuantFormat::Nvfp4 { .. } => true,
+        QuantFormat::Mx { element, .. } => element == MxElement::E2M1,
+        _ => false,
+    }
+}
+
+/// Whether a product of an operand quantized with `a` and one whose values are E2M1
+/// (`b_e2m1`) runs on the E2M1 block GEMM on this CPU.
+fn e2m1_gemm_runs(a: &OperandQuant, b_e2m1: bool) -> bool {
+    b_e2m1 && e2m1_values(a) && e2m1_native()
+}
+
+/// One operand as [`finish`] takes it: the prepared side, its per-tensor factor, whether it
+/// is quantized (values exactly BF16) and whether the product runs on the E2M1 block GEMM
+/// (then a quantized side is a view of its values), with B possibly packed for it once.
+#[derive(Clone, Copy)]
+struct Prepared<'a> {
+    side: Side<'a>,
+    factor: f32,
+    quantized: bool,
+    e2m1: bool,
+    e2m1_packed: Option<&'a PackedE2m1B>,
+}
+
+impl<'a> Prepared<'a> {
+    fn new(side: Side<'a>, factor: f32, quantized: bool, e2m1: bool) -> Self {
+        Prepared {
+            side,
+            factor,
+            quantized,
+            e2m1,
+            e2m1_packed: None,
+        }
+    }
 }
 
 /// A fake-quantized GEMM operand the caller keeps: the unscaled values as an `[outer, K]`
@@ -174,6 +235,9 @@ pub struct FakeOperand<'a> {
     /// Whether the values come from a quantizer (any format but FP32), hence are exactly
     /// BF16: the GEMM then runs on the BF16 GEMM when the other operand is quantized too.
     pub quantized: bool,
+    /// Whether the values are E2M1 codes times group scales ([`e2m1_values`] of the
+    /// quantizer): with another such operand the GEMM may run on the E2M1 block GEMM.
+    pub e2m1: bool,
 }
 
 impl<'a> FakeOperand<'a> {
@@ -182,8 +246,7 @@ impl<'a> FakeOperand<'a> {
     pub fn t(self) -> Self {
         FakeOperand {
             values: self.values.t(),
-            factor: self.factor,
-            quantized: self.quantized,
+            ..self
         }
     }
 }
@@ -261,6 +324,7 @@ pub fn fake_operand<'b>(
         values: MatRef::row_major(buf, outer, k),
         factor,
         quantized: quantizer.quantizes(),
+        e2m1: e2m1_values(quantizer.spec()),
     })
 }
 
@@ -274,15 +338,74 @@ pub fn quantized_matmul_tn_prequantized(
     b: FakeOperand<'_>,
     out: &mut [f32],
 ) -> Result<(), QuantError> {
-    let b_side = (Side::View(b.values), b.factor, b.quantized);
+    let b_side = Prepared::new(Side::View(b.values), b.factor, b.quantized, b.e2m1);
     with_kept_b(a, b_side, (b.values.rows, b.values.cols), out)
 }
 
-/// `out = α · Â · Bᵀ` for an operand B the caller keeps (`(side, factor, quantized)`,
-/// `(N, K)`), A quantized in the call on this thread's workspace.
+/// `out = α · Â · B̂ᵀ` for two operands both fake-quantized already ([`fake_operand`], or
+/// values assembled by hand with their flags): the GEMM [`quantized_matmul_tn`] runs for
+/// the same values, bit for bit (the E2M1 block GEMM for two E2M1 operands where it runs,
+/// the BF16 GEMM for two quantized ones, the f32 GEMM otherwise), then α.
+///
+/// Errors: [`QuantError::GemmShape`] when the operands disagree on K or `out` does not hold
+/// `M · N` elements; [`QuantError::InvalidConfig`] for a view that reads past its values.
+///
+/// ```
+/// use quant::qgemm::{fake_operand, quantized_matmul_tn, quantized_matmul_tn_fake, Operand};
+/// use quant::{GemmPolicy, MatRef, Quantizer, Usage};
+/// let p = GemmPolicy::nvfp4_paper();
+/// let x: Vec<f32> = (0..32 * 16).map(|i| (i as f32 * 0.37).sin()).collect();
+/// let w: Vec<f32> = (0..16 * 16).map(|i| (i as f32 * 0.11).cos()).collect();
+/// let (xq, wq) = (Quantizer::new(p.fprop.a, Usage::Rowwise)?, Quantizer::new(p.fprop.b, Usage::Rowwise)?);
+/// let (x, w) = (MatRef::new(&x, 32, 16)?, MatRef::new(&w, 16, 16)?);
+/// let (mut xbuf, mut wbuf) = (vec![0.0f32; 32 * 16], vec![0.0f32; 16 * 16]);
+/// let xf = fake_operand(Operand::new(x, xq), &mut xbuf)?;
+/// let wf = fake_operand(Operand::new(w, wq), &mut wbuf)?;
+/// let (mut y1, mut y2) = (vec![0.0f32; 32 * 16], vec![0.0f32; 32 * 16]);
+/// quantized_matmul_tn_fake(xf, wf, &mut y1)?;
+/// quantized_matmul_tn(Operand::new(x, xq), Operand::new(w, wq), &mut y2)?;
+/// assert_eq!(y1, y2);
+/// # Ok::<(), quant::QuantError>(())
+/// ```
+pub fn quantized_matmul_tn_fake(
+    a: FakeOperand<'_>,
+    b: FakeOperand<'_>,
+    out: &mut [f32],
+) -> Result<(), QuantError> {
+    let (va, vb) = (a.values, b.values);
+    for v in [va, vb] {
+        if !v.fits() {
+            return Err(QuantError::InvalidConfig(format!(
+                "a [{}, {}] view with strides ({}, {}) reads past its {} values",
+                v.rows,
+                v.cols,
+                v.row_stride,
+                v.col_stride,
+                v.data.len()
+            )));
+        }
+    }
+    check_shapes(va.rows, va.cols, vb.rows, vb.cols, out)?;
+    let e2m1 = a.e2m1 && b.e2m1 && e2m1_native();
+    let pa = Prepared::new(Side::View(va), a.factor, a.quantized, e2m1);
+    let pb = Prepared::new(Side::View(vb), b.factor, b.quantized, e2m1);
+    let mut ws = WORKSPACE.with(|c| c.take()).unwrap_or_default();
+    let GemmWorkspace {
+        packed,
+        e2m1: e2m1_ws,
+        ..
+    } = &mut *ws;
+    finish(pa, pb, out, (packed, e2m1_ws));
+    WORKSPACE.with(|c| c.set(Some(ws)));
+    Ok(())
+}
+
+/// `out = α · Â · Bᵀ` for an operand B the caller keeps (`b.e2m1`: its values are E2M1,
+/// not yet whether the product runs on the E2M1 GEMM), `(N, K)`, A quantized in the call on
+/// this thread's workspace.
 fn with_kept_b(
     a: Operand<'_>,
-    b_side: (Side<'_>, f32, bool),
+    mut b: Prepared<'_>,
     (n, kb): (usize, usize),
     out: &mut [f32],
 ) -> Result<(), QuantError> {
@@ -291,19 +414,27 @@ fn with_kept_b(
     check_shapes(m, ka, n, kb, out)?;
     let mut ws = WORKSPACE.with(|c| c.take()).unwrap_or_default();
     let qa = a.quantizer.quantizes();
-    let GemmWorkspace { a: wa, packed, .. } = &mut *ws;
-    let rounds = qa && b_side.2 && quantized_gemm_rounds_inputs();
-    let r = prepare(a, wa, (&mut packed.a, true), rounds)
-        .map(|(av, fa)| finish((av, fa, qa), b_side, out, packed));
+    let GemmWorkspace {
+        a: wa,
+        packed,
+        e2m1: e2m1_ws,
+        ..
+    } = &mut *ws;
+    b.e2m1 = e2m1_gemm_runs(a.quant(), b.e2m1);
+    let rounds = qa && b.quantized && quantized_gemm_rounds_inputs() && !b.e2m1;
+    let r = prepare(a, wa, (&mut packed.a, true), rounds).map(|(av, fa)| {
+        let a = Prepared::new(av, fa, qa, b.e2m1);
+        finish(a, b, out, (packed, e2m1_ws))
+    });
     WORKSPACE.with(|c| c.set(Some(ws)));
     r
 }
 
 /// A fake-quantized operand B kept across many products (a weight frozen between two
-/// weight syncs): its values ([`FakeOperand`]) and, where the product runs on a BF16 unit,
-/// the same values packed once into the GEMM's B tiles ([`PackedB`]), so that
-/// [`quantized_matmul_tn_frozen`] skips packing them in every call. Owning both, it cannot
-/// pair tiles with other values.
+/// weight syncs): its values ([`FakeOperand`]) and, where the product runs on a BF16 unit
+/// or the E2M1 block GEMM, the same values packed once for it ([`PackedB`],
+/// [`PackedE2m1B`]), so that [`quantized_matmul_tn_frozen`] skips packing them in every
+/// call. Owning both, it cannot pair packed operands with other values.
 #[derive(Clone, Debug)]
 pub struct FrozenOperand {
     values: Vec<f32>,
@@ -311,12 +442,21 @@ pub struct FrozenOperand {
     cols: usize,
     factor: f32,
     quantized: bool,
-    tiles: Option<PackedB>,
+    e2m1: bool,
+    tiles: Option<FrozenTiles>,
+}
+
+/// What a [`FrozenOperand`] keeps packed.
+#[derive(Clone, Debug)]
+enum FrozenTiles {
+    Bf16(PackedB),
+    E2m1(PackedE2m1B),
 }
 
 impl FrozenOperand {
     /// Keeps a copy of `b` (a row-major `[outer, K]` or transposed view) and, when it is
-    /// quantized and a BF16 unit runs, its packed tiles.
+    /// quantized and a BF16 unit (or, for E2M1 values, the E2M1 block GEMM) runs, the
+    /// operand packed for it.
     ///
     /// Errors: [`QuantError::InvalidConfig`] when `b`'s view does not fit its storage.
     ///
@@ -353,16 +493,21 @@ impl FrozenOperand {
             .flat_map(|r| (0..v.cols).map(move |c| v.data[r * v.row_stride + c * v.col_stride]))
             .collect();
         let kept = MatRef::row_major(&values, v.rows, v.cols);
-        let tiles = if b.quantized {
-            PackedB::new(kept)
-        } else {
-            None
+        let e2m1 = (b.e2m1 && e2m1_native())
+            .then(|| PackedE2m1B::new(kept))
+            .flatten()
+            .map(FrozenTiles::E2m1);
+        let tiles = match e2m1 {
+            Some(t) => Some(t),
+            None if b.quantized => PackedB::new(kept).map(FrozenTiles::Bf16),
+            None => None,
         };
         Ok(FrozenOperand {
             rows: v.rows,
             cols: v.cols,
             factor: b.factor,
             quantized: b.quantized,
+            e2m1: b.e2m1,
             tiles,
             values,
         })
@@ -379,6 +524,7 @@ impl FrozenOperand {
             values: MatRef::row_major(&self.values, self.rows, self.cols),
             factor: self.factor,
             quantized: self.quantized,
+            e2m1: self.e2m1,
         }
     }
 }
@@ -392,11 +538,17 @@ pub fn quantized_matmul_tn_frozen(
     b: &FrozenOperand,
     out: &mut [f32],
 ) -> Result<(), QuantError> {
-    // the tiles exist only where a BF16 unit runs, and serve only a product on it, i.e.
-    // with A quantized too
+    // the tiles exist only where a BF16 unit (the E2M1 GEMM) runs, and serve only a
+    // product on it, i.e. with A quantized (A's values E2M1) too
     match &b.tiles {
-        Some(t) if a.quantizer.quantizes() => {
-            let b_side = (Side::PackedB(t), b.factor, b.quantized);
+        Some(FrozenTiles::E2m1(t)) if e2m1_gemm_runs(a.quant(), true) => {
+            // the values stay B's side for the BF16 GEMM should A's values not split
+            let mut b_side = Prepared::new(Side::View(b.fake().values), b.factor, true, true);
+            b_side.e2m1_packed = Some(t);
+            with_kept_b(a, b_side, (b.rows, b.cols), out)
+        }
+        Some(FrozenTiles::Bf16(t)) if a.quantizer.quantizes() => {
+            let b_side = Prepared::new(Side::PackedB(t), b.factor, b.quantized, false);
             with_kept_b(a, b_side, (b.rows, b.cols), out)
         }
         _ => quantized_matmul_tn_prequantized(a, b.fake(), out),
@@ -441,23 +593,35 @@ const EPILOGUE_CHUNK: usize = 1 << 16;
 
 /// `out = α · Â · B̂ᵀ` from the prepared `[M, K]` and `[N, K]` operands (views, or packed
 /// into `packed` by the quantizer), their factors and whether each is quantized (then
-/// exactly BF16; an operand is packed only when both are and the tile unit runs).
+/// exactly BF16; an operand is packed only when both are and the tile unit runs). With
+/// `e2m1` set on both (the product runs on the E2M1 block GEMM: both sides are views of
+/// their values, B possibly packed for it too) the E2M1 GEMM multiplies, unless a group of
+/// either operand does not split: then the BF16 GEMM does, as it would without.
 fn finish(
-    (av, fa, qa): (Side<'_>, f32, bool),
-    (bv, fb, qb): (Side<'_>, f32, bool),
+    a: Prepared<'_>,
+    b: Prepared<'_>,
     out: &mut [f32],
-    packed: &mut Bf16Workspace,
+    (packed, e2m1_ws): (&mut Bf16Workspace, &mut E2m1Workspace),
 ) {
+    let (av, fa, qa) = (a.side, a.factor, a.quantized);
+    let (bv, fb, qb) = (b.side, b.factor, b.quantized);
     let k = match av {
         Side::View(v) => v.cols,
         Side::Packed { k, .. } => k,
         Side::PackedB(p) => p.dims().1,
     };
-    match (av, bv) {
-        (Side::View(a), Side::View(b)) if qa && qb => quantized_gemm_tn(a, b, out, packed),
-        // B̂ᵀ: [K, N].
-        (Side::View(a), Side::View(b)) => sgemm(1.0, a, b.t(), 0.0, out),
-        (a, b) => quantized_gemm_sides(a, b, out, packed),
+    let on_e2m1 = match (a.e2m1 && b.e2m1, av, bv, b.e2m1_packed) {
+        (true, Side::View(a), _, Some(p)) => e2m1_gemm_tn_packed(a, p, out, e2m1_ws),
+        (true, Side::View(a), Side::View(b), None) => e2m1_gemm_tn(a, b, out, e2m1_ws),
+        _ => false,
+    };
+    if !on_e2m1 {
+        match (av, bv) {
+            (Side::View(a), Side::View(b)) if qa && qb => quantized_gemm_tn(a, b, out, packed),
+            // B̂ᵀ: [K, N].
+            (Side::View(a), Side::View(b)) => sgemm(1.0, a, b.t(), 0.0, out),
+            (a, b) => quantized_gemm_sides(a, b, out, packed),
+        }
     }
     let alpha = fa * fb;
     if alpha != 1.0 && k > 0 {

@@ -176,11 +176,10 @@ fn quantized_equals_fake_quantize_then_gemm() {
             }
         }
         if quantized == [true, true] {
-            quantized_gemm_tn(
-                MatRef::row_major(&fa, m, k),
-                MatRef::row_major(&fb, n, k),
+            quantized_values_product(
+                (MatRef::row_major(&fa, m, k), MatRef::row_major(&fb, n, k)),
+                (&qa, &qb),
                 &mut want,
-                &mut Bf16Workspace::new(),
             );
         } else {
             matmul_tn(&fa, &fb, m, n, k, &mut want);

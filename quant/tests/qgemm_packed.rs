@@ -10,7 +10,6 @@ mod common;
 use common::*;
 
 use fp_formats::mx::{MxElement, ScaleRule};
-use quant::gemm::bf16::{quantized_gemm_tn, Bf16Workspace};
 use quant::gemm::MatRef;
 use quant::qgemm::{fake_operand, quantized_matmul_tn_prequantized, quantized_matmul_tn_with};
 use quant::qgemm::{
@@ -120,7 +119,7 @@ fn run(
             * xb.fake_quantize_into(mb, &mut sb, &mut fb).unwrap();
         let mut want = vec![0.0f32; m * n];
         let (va, vb) = (MatRef::row_major(&fa, m, k), MatRef::row_major(&fb, n, k));
-        quantized_gemm_tn(va, vb, &mut want, &mut Bf16Workspace::new());
+        quantized_values_product((va, vb), (qa, qb), &mut want);
         if alpha != 1.0 {
             want.iter_mut().for_each(|v| *v *= alpha);
         }
@@ -285,6 +284,7 @@ fn frozen_operands_fall_back_and_check_shapes() {
         },
         factor: 1.0,
         quantized: true,
+        e2m1: false,
     };
     let err = FrozenOperand::new(bad);
     assert!(matches!(err, Err(QuantError::InvalidConfig(_))), "{err:?}");

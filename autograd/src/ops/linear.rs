@@ -12,15 +12,16 @@
 //! gradients pass straight through the quantizers. When both operands of a GEMM are
 //! quantized (BF16, FP8, MX, NVFP4) it runs on `quant::gemm::bf16::quantized_gemm_tn`
 //! (the BF16 GEMM on AMX-BF16 tiles where the CPU has them, FP32 accumulation in a fixed
-//! order; the f32 GEMM elsewhere); with an FP32 operand, on the f32 GEMM. Either way each output element's arithmetic does not depend on the
+//! order; the f32 GEMM elsewhere), two NVFP4/MXFP4 operands on a CPU with AVX2 but no BF16
+//! unit on the E2M1 block GEMM (`quant::gemm::e2m1`); with an FP32 operand, on the f32 GEMM. Either way each output element's arithmetic does not depend on the
 //! number of rows or threads. Random bits (stochastic rounding, random
 //! Hadamard signs) come from a distinct Philox stream per operand role, layer and step: see
 //! [`gemm_stream`]. An all-FP32 policy is bit for bit the plain f32 linear layer.
 
 use quant::gemm::MatRef;
 use quant::qgemm::{
-    fake_operand, quantized_matmul_tn, quantized_matmul_tn_prequantized, transpose_exact,
-    FakeOperand, Operand,
+    e2m1_values, fake_operand, quantized_matmul_tn, quantized_matmul_tn_prequantized,
+    transpose_exact, FakeOperand, Operand,
 };
 use quant::{GemmPolicy, OperandQuant, QuantState, Quantizer, RngKey, Usage};
 
@@ -191,6 +192,7 @@ impl Graph<'_> {
                                 factor,
                                 // transpose-exact quantizers are NVFP4 or BF16
                                 quantized: true,
+                                e2m1: e2m1_values(&policy.fprop.b),
                             };
                             quantized_matmul_tn_prequantized(dya, wf.t(), out)?;
                         }
@@ -282,6 +284,7 @@ fn operand<'a>(
 mod tests {
     use quant::gemm::bf16::{quantized_gemm_tn, Bf16Workspace};
     use quant::gemm::{matmul_tn, sgemm, MatRef};
+    use quant::qgemm::quantized_matmul_tn_fake;
     use quant::{
         AmaxAlgo, Fp8Element, Fp8Scaling, GemmPolicy, OperandQuant, QuantFormat, QuantState,
         Quantizer, RngKey, Usage,
@@ -447,16 +450,24 @@ mod tests {
             (buf, outer, k, f)
         };
         let both = a.4.format != QuantFormat::F32 && b.4.format != QuantFormat::F32;
+        let e2m1 = [e2m1_values(a.4), e2m1_values(b.4)];
         let (qa, m, k, fa) = quantize(a);
         let (qb, n, _, fb) = quantize(b);
         let mut out = vec![0.0f32; m * n];
         if both {
-            quantized_gemm_tn(
-                MatRef::row_major(&qa, m, k),
-                MatRef::row_major(&qb, n, k),
+            // the GEMM the layer runs for two quantized operands' values (E2M1 or BF16)
+            let fake = |values, e2m1| FakeOperand {
+                values,
+                factor: 1.0,
+                quantized: true,
+                e2m1,
+            };
+            quantized_matmul_tn_fake(
+                fake(MatRef::row_major(&qa, m, k), e2m1[0]),
+                fake(MatRef::row_major(&qb, n, k), e2m1[1]),
                 &mut out,
-                &mut Bf16Workspace::new(),
-            );
+            )
+            .unwrap();
         } else {
             sgemm(
                 1.0,

@@ -13,6 +13,7 @@ mod amx;
 pub mod bf16;
 #[cfg(target_arch = "x86_64")]
 mod dpbf16;
+pub mod e2m1;
 #[cfg(target_arch = "x86_64")]
 mod fma_pairs;
 pub(crate) mod pack;

@@ -118,3 +118,21 @@ pub fn operand_error(
         state,
     )
 }
+
+/// The product of two fake-quantized operands' values (`[M, K]`, `[N, K]`, no α) on the
+/// GEMM `quant::qgemm` runs for them on this machine: the E2M1 block GEMM when both hold E2M1
+/// values and it runs here, else the BF16 GEMM.
+pub fn quantized_values_product(
+    (fa, fb): (MatRef<'_>, MatRef<'_>),
+    (qa, qb): (&OperandQuant, &OperandQuant),
+    out: &mut [f32],
+) {
+    use quant::qgemm::{e2m1_values, quantized_matmul_tn_fake, FakeOperand};
+    let fake = |values, q| FakeOperand {
+        values,
+        factor: 1.0,
+        quantized: true,
+        e2m1: e2m1_values(q),
+    };
+    quantized_matmul_tn_fake(fake(fa, qa), fake(fb, qb), out).unwrap();
+}
