@@ -709,7 +709,7 @@ macro_rules! hadamard16_butterflies {
 // The fused fake-quantization path (after the macros, which it uses) and its AVX2 and
 // AVX-512 kernels.
 #[cfg(target_arch = "x86_64")]
-mod avx2;
+pub(crate) mod avx2;
 #[cfg(target_arch = "x86_64")]
 mod avx512;
 mod fast;

@@ -148,6 +148,13 @@ fn load_tile(x: &MatRef<'_>, r0: usize, g: usize, t: &mut [[f32; GROUP]; 16]) {
             *row = x.data[s..s + GROUP].try_into().expect("16 elements");
         }
     } else if whole && x.row_stride == 1 {
+        #[cfg(target_arch = "x86_64")]
+        if fp_formats::cpu::has_avx2() {
+            // SAFETY: AVX2 checked; the tile's 16 K lines of 16 rows lie inside the view
+            // (`whole`), which fits its storage (checked by the callers).
+            unsafe { load_tile_transposed_avx2(x, r0, k0, t) };
+            return;
+        }
         for kk in 0..GROUP {
             let s = (k0 + kk) * x.col_stride + r0;
             let line: &[f32; 16] = x.data[s..s + 16].try_into().expect("16 elements");
@@ -159,6 +166,36 @@ fn load_tile(x: &MatRef<'_>, r0: usize, g: usize, t: &mut [[f32; GROUP]; 16]) {
         for (i, row) in t.iter_mut().enumerate() {
             for (kk, v) in row.iter_mut().enumerate() {
                 *v = at(x, r0 + i, k0 + kk);
+            }
+        }
+    }
+}
+
+/// The transposed branch of [`load_tile`] with four in-register 8x8 transposes, so that the
+/// tile's rows are written (and later read) as whole vectors: scalar column writes made
+/// each row's reload wait on eight separate stores.
+///
+/// # Safety
+/// The CPU must have AVX2; `x` must hold rows `r0 .. r0 + 16` at K `k0 .. k0 + 16`, rows
+/// contiguous (`row_stride == 1`).
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn load_tile_transposed_avx2(
+    x: &MatRef<'_>,
+    r0: usize,
+    k0: usize,
+    t: &mut [[f32; GROUP]; 16],
+) {
+    use std::arch::x86_64::*;
+    let base = x.data.as_ptr().add(k0 * x.col_stride + r0);
+    for rh in 0..2 {
+        for kh in 0..2 {
+            let lines: [__m256; 8] = std::array::from_fn(|i| {
+                _mm256_loadu_ps(base.add((8 * kh + i) * x.col_stride + 8 * rh))
+            });
+            let rows = crate::nvfp4::avx2::transpose8(lines);
+            for (i, row) in rows.iter().enumerate() {
+                _mm256_storeu_ps(t[8 * rh + i][8 * kh..].as_mut_ptr(), *row);
             }
         }
     }

@@ -20,7 +20,7 @@ use super::Tile;
 /// The CPU must support AVX2.
 #[inline]
 #[target_feature(enable = "avx2")]
-unsafe fn transpose8(r: [__m256; 8]) -> [__m256; 8] {
+pub(crate) unsafe fn transpose8(r: [__m256; 8]) -> [__m256; 8] {
     let a0 = _mm256_unpacklo_ps(r[0], r[1]);
     let a1 = _mm256_unpackhi_ps(r[0], r[1]);
     let a2 = _mm256_unpacklo_ps(r[2], r[3]);
