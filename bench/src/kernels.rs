@@ -419,7 +419,7 @@ fn thread_scaling(rounds: usize, rows: usize, cols: usize, out: &mut Vec<Metric>
     Ok(())
 }
 
-/// Emulated NVFP4 GEMM (X 1x16, W 16x16) over the f32 GEMM, one thread.
+/// The NVFP4 GEMM (X 1x16, W 16x16, `quantized_matmul_tn`) over the f32 GEMM, one thread.
 fn gemm(rounds: usize, out: &mut Vec<Metric>) -> Result<()> {
     let (m, n, k) = (2048usize, 1024usize, 1024usize);
     let p1 = pool(1)?;
@@ -448,7 +448,7 @@ fn gemm(rounds: usize, out: &mut Vec<Metric>) -> Result<()> {
         r.ratio("nvfp4", "f32"),
         Basis::Compute,
         Better::Lower,
-        format!("time of the emulated NVFP4 GEMM (quantize X 1x16 + W 16x16, dequantize, f32 GEMM) / f32 GEMM, {m}x{n}x{k}, one thread"),
+        format!("time of the NVFP4 GEMM (quantize X 1x16 + W 16x16, then the GEMM this CPU runs for them: E2M1 block, BF16 unit or f32) / f32 GEMM, {m}x{n}x{k}, one thread"),
     ));
     let flops = 2.0 * (m * n * k) as f64;
     out.push(Metric::absolute(

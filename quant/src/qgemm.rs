@@ -373,18 +373,8 @@ pub fn quantized_matmul_tn_fake(
     out: &mut [f32],
 ) -> Result<(), QuantError> {
     let (va, vb) = (a.values, b.values);
-    for v in [va, vb] {
-        if !v.fits() {
-            return Err(QuantError::InvalidConfig(format!(
-                "a [{}, {}] view with strides ({}, {}) reads past its {} values",
-                v.rows,
-                v.cols,
-                v.row_stride,
-                v.col_stride,
-                v.data.len()
-            )));
-        }
-    }
+    check_fits(va)?;
+    check_fits(vb)?;
     check_shapes(va.rows, va.cols, vb.rows, vb.cols, out)?;
     let e2m1 = a.e2m1 && b.e2m1 && e2m1_native();
     let pa = Prepared::new(Side::View(va), a.factor, a.quantized, e2m1);
@@ -479,16 +469,7 @@ impl FrozenOperand {
     /// ```
     pub fn new(b: FakeOperand<'_>) -> Result<FrozenOperand, QuantError> {
         let v = b.values;
-        if !v.fits() {
-            return Err(QuantError::InvalidConfig(format!(
-                "a [{}, {}] view with strides ({}, {}) reads past its {} values",
-                v.rows,
-                v.cols,
-                v.row_stride,
-                v.col_stride,
-                v.data.len()
-            )));
-        }
+        check_fits(v)?;
         let values: Vec<f32> = (0..v.rows)
             .flat_map(|r| (0..v.cols).map(move |c| v.data[r * v.row_stride + c * v.col_stride]))
             .collect();
@@ -569,6 +550,21 @@ fn check_same_transform(a: &Operand<'_>, b: &Operand<'_>) -> Result<(), QuantErr
         )));
     }
     Ok(())
+}
+
+/// A hand-made view must not read past its values.
+fn check_fits(v: MatRef<'_>) -> Result<(), QuantError> {
+    if v.fits() {
+        return Ok(());
+    }
+    Err(QuantError::InvalidConfig(format!(
+        "a [{}, {}] view with strides ({}, {}) reads past its {} values",
+        v.rows,
+        v.cols,
+        v.row_stride,
+        v.col_stride,
+        v.data.len()
+    )))
 }
 
 fn check_shapes(m: usize, ka: usize, n: usize, kb: usize, out: &[f32]) -> Result<(), QuantError> {

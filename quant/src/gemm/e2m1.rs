@@ -673,6 +673,36 @@ mod avx2 {
 
     use super::{Kernel, CORR_AT, RECORD, SCALES_AT};
 
+    /// One quad of K after the first: B's two 32-byte halves at byte offsets `$b0`, `$b1`
+    /// of the record, both rows' words at byte `$a` of their group, products added to the
+    /// 16-bit sums ymm4-7.
+    macro_rules! quad {
+        ($b0:literal, $b1:literal, $a:literal) => {
+            concat!(
+                "vmovdqu ymm8, ymmword ptr [{b} + ",
+                $b0,
+                "]\n",
+                "vmovdqu ymm9, ymmword ptr [{b} + ",
+                $b1,
+                "]\n",
+                "vpbroadcastd ymm10, dword ptr [{a0} + ",
+                $a,
+                "]\n",
+                "vpbroadcastd ymm11, dword ptr [{a1} + ",
+                $a,
+                "]\n",
+                "vpmaddubsw ymm12, ymm10, ymm8\n",
+                "vpmaddubsw ymm13, ymm10, ymm9\n",
+                "vpaddw ymm4, ymm4, ymm12\n",
+                "vpaddw ymm5, ymm5, ymm13\n",
+                "vpmaddubsw ymm12, ymm11, ymm8\n",
+                "vpmaddubsw ymm13, ymm11, ymm9\n",
+                "vpaddw ymm6, ymm6, ymm12\n",
+                "vpaddw ymm7, ymm7, ymm13",
+            )
+        };
+    }
+
     /// See [`super::kernel`]. Inline assembly, so that the 16 `ymm` registers hold the four
     /// FP32 accumulators (ymm0-3), the four 16-bit group sums (ymm4-7), B's quad (ymm8-9),
     /// A's two broadcasts (ymm10-11), temporaries (ymm12-13) and the ones (ymm14) with
@@ -709,42 +739,9 @@ mod avx2 {
             "vpmaddubsw ymm6, ymm11, ymm8",
             "vpmaddubsw ymm7, ymm11, ymm9",
             // quads 1..3
-            "vmovdqu ymm8, ymmword ptr [{b} + 64]",
-            "vmovdqu ymm9, ymmword ptr [{b} + 96]",
-            "vpbroadcastd ymm10, dword ptr [{a0} + 4]",
-            "vpbroadcastd ymm11, dword ptr [{a1} + 4]",
-            "vpmaddubsw ymm12, ymm10, ymm8",
-            "vpmaddubsw ymm13, ymm10, ymm9",
-            "vpaddw ymm4, ymm4, ymm12",
-            "vpaddw ymm5, ymm5, ymm13",
-            "vpmaddubsw ymm12, ymm11, ymm8",
-            "vpmaddubsw ymm13, ymm11, ymm9",
-            "vpaddw ymm6, ymm6, ymm12",
-            "vpaddw ymm7, ymm7, ymm13",
-            "vmovdqu ymm8, ymmword ptr [{b} + 128]",
-            "vmovdqu ymm9, ymmword ptr [{b} + 160]",
-            "vpbroadcastd ymm10, dword ptr [{a0} + 8]",
-            "vpbroadcastd ymm11, dword ptr [{a1} + 8]",
-            "vpmaddubsw ymm12, ymm10, ymm8",
-            "vpmaddubsw ymm13, ymm10, ymm9",
-            "vpaddw ymm4, ymm4, ymm12",
-            "vpaddw ymm5, ymm5, ymm13",
-            "vpmaddubsw ymm12, ymm11, ymm8",
-            "vpmaddubsw ymm13, ymm11, ymm9",
-            "vpaddw ymm6, ymm6, ymm12",
-            "vpaddw ymm7, ymm7, ymm13",
-            "vmovdqu ymm8, ymmword ptr [{b} + 192]",
-            "vmovdqu ymm9, ymmword ptr [{b} + 224]",
-            "vpbroadcastd ymm10, dword ptr [{a0} + 12]",
-            "vpbroadcastd ymm11, dword ptr [{a1} + 12]",
-            "vpmaddubsw ymm12, ymm10, ymm8",
-            "vpmaddubsw ymm13, ymm10, ymm9",
-            "vpaddw ymm4, ymm4, ymm12",
-            "vpaddw ymm5, ymm5, ymm13",
-            "vpmaddubsw ymm12, ymm11, ymm8",
-            "vpmaddubsw ymm13, ymm11, ymm9",
-            "vpaddw ymm6, ymm6, ymm12",
-            "vpaddw ymm7, ymm7, ymm13",
+            quad!(64, 96, 4),
+            quad!(128, 160, 8),
+            quad!(192, 224, 12),
             // 32-bit group sums minus the offset's share: exact integers below 2^12
             "vpmaddwd ymm4, ymm4, ymm14",
             "vpmaddwd ymm5, ymm5, ymm14",
