@@ -120,6 +120,33 @@ fn kernel_equals_the_model_on_every_shape_layout_and_thread_count() {
 }
 
 #[test]
+fn empty_products_are_products() {
+    let x = vec![1.5f32; 64];
+    for (m, n, k) in [(0, 3, 16), (3, 0, 16), (3, 4, 0), (0, 0, 0)] {
+        let (a, b) = (
+            MatRef::row_major(&x[..m * k], m, k),
+            MatRef::row_major(&x[..n * k], n, k),
+        );
+        let mut out = vec![f32::NAN; m * n];
+        assert!(e2m1_gemm_tn(a, b, &mut out, &mut E2m1Workspace::new()));
+        assert!(out.iter().all(|&v| v == 0.0), "[{m}, {n}, {k}]");
+        let mut model = vec![f32::NAN; m * n];
+        assert!(e2m1_gemm_tn_portable(a, b, &mut model));
+        assert!(model.iter().all(|&v| v == 0.0));
+        if let Some(p) = PackedE2m1B::new(b) {
+            let mut out = vec![f32::NAN; m * n];
+            assert!(e2m1_gemm_tn_packed(
+                a,
+                &p,
+                &mut out,
+                &mut E2m1Workspace::new()
+            ));
+            assert!(out.iter().all(|&v| v == 0.0));
+        }
+    }
+}
+
+#[test]
 fn one_rounding_per_group_bounds_the_error() {
     let (m, n, k) = (24, 20, 2048);
     let mut worst = 0.0f64;

@@ -293,6 +293,9 @@ fn pack_b(x: MatRef<'_>, lines: &mut Vec<Line>) -> bool {
     let groups = x.cols.div_ceil(GROUP);
     let panels = x.rows.div_ceil(NR);
     lines.clear();
+    if groups == 0 {
+        return true;
+    }
     lines.resize(panels * groups * RECORD / 64, Line([0; 64]));
     let out: &mut [u8] = bytemuck::cast_slice_mut(lines);
     let ok = AtomicBool::new(true);
