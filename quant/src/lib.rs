@@ -14,6 +14,7 @@
 
 pub mod config;
 mod describe;
+mod dispatch;
 mod error;
 pub mod gemm;
 pub mod matrix;

@@ -295,16 +295,10 @@ fn whole_blocks(stream: u64, kw: [u32; 2], block: u64, out: &mut [u8]) {
             block = block.wrapping_add(8);
         }
     }
-    #[cfg(target_arch = "x86_64")]
-    if fp_formats::cpu::has_avx2() {
-        #[target_feature(enable = "avx2")]
-        unsafe fn avx2(stream: u64, kw: [u32; 2], block: u64, out: &mut [u8]) {
-            run(stream, kw, block, out)
-        }
-        // SAFETY: the CPU supports AVX2 (checked above).
-        return unsafe { avx2(stream, kw, block, out) };
-    }
-    run(stream, kw, block, out)
+    crate::dispatch::with_avx2(
+        #[inline(always)]
+        || run(stream, kw, block, out),
+    )
 }
 
 /// The Philox stream on AVX-512 registers, for the AVX-512 quantizer kernels.

@@ -162,13 +162,12 @@ pub fn quantized_matmul_tn_with(
     } = ws;
     let qa = a.quantizer.quantizes();
     let qb = b.quantizer.quantizes();
-    let e2m1 = e2m1_gemm_runs(a.quant(), e2m1_values(b.quant()));
+    let e2m1 = e2m1_gemm_runs(e2m1_values(a.quant()), e2m1_values(b.quant()));
     let rounds = qa && qb && quantized_gemm_rounds_inputs() && !e2m1;
     let (av, fa) = prepare(a, wa, (&mut packed.a, true), rounds)?;
     let (bv, fb) = prepare(b, wb, (&mut packed.b, false), rounds)?;
-    let a = Prepared::new(av, fa, qa, e2m1);
-    let b = Prepared::new(bv, fb, qb, e2m1);
-    finish(a, b, out, (packed, e2m1_ws));
+    let (a, b) = (Prepared::new(av, fa, qa), Prepared::new(bv, fb, qb));
+    finish(a, b, e2m1, out, (packed, e2m1_ws));
     Ok(())
 }
 
@@ -192,31 +191,28 @@ pub fn e2m1_values(q: &OperandQuant) -> bool {
     }
 }
 
-/// Whether a product of an operand quantized with `a` and one whose values are E2M1
-/// (`b_e2m1`) runs on the E2M1 block GEMM on this CPU.
-fn e2m1_gemm_runs(a: &OperandQuant, b_e2m1: bool) -> bool {
-    b_e2m1 && e2m1_values(a) && e2m1_native()
+/// Whether a product of two operands, each with E2M1 values or not, runs on the E2M1 block
+/// GEMM on this CPU.
+fn e2m1_gemm_runs(a_e2m1: bool, b_e2m1: bool) -> bool {
+    a_e2m1 && b_e2m1 && e2m1_native()
 }
 
 /// One operand as [`finish`] takes it: the prepared side, its per-tensor factor, whether it
-/// is quantized (values exactly BF16) and whether the product runs on the E2M1 block GEMM
-/// (then a quantized side is a view of its values), with B possibly packed for it once.
+/// is quantized (values exactly BF16), and for B possibly its E2M1 records packed once.
 #[derive(Clone, Copy)]
 struct Prepared<'a> {
     side: Side<'a>,
     factor: f32,
     quantized: bool,
-    e2m1: bool,
     e2m1_packed: Option<&'a PackedE2m1B>,
 }
 
 impl<'a> Prepared<'a> {
-    fn new(side: Side<'a>, factor: f32, quantized: bool, e2m1: bool) -> Self {
+    fn new(side: Side<'a>, factor: f32, quantized: bool) -> Self {
         Prepared {
             side,
             factor,
             quantized,
-            e2m1,
             e2m1_packed: None,
         }
     }
@@ -338,8 +334,8 @@ pub fn quantized_matmul_tn_prequantized(
     b: FakeOperand<'_>,
     out: &mut [f32],
 ) -> Result<(), QuantError> {
-    let b_side = Prepared::new(Side::View(b.values), b.factor, b.quantized, b.e2m1);
-    with_kept_b(a, b_side, (b.values.rows, b.values.cols), out)
+    let b_side = Prepared::new(Side::View(b.values), b.factor, b.quantized);
+    with_kept_b(a, (b_side, b.e2m1), (b.values.rows, b.values.cols), out)
 }
 
 /// `out = α · Â · B̂ᵀ` for two operands both fake-quantized already ([`fake_operand`], or
@@ -376,26 +372,25 @@ pub fn quantized_matmul_tn_fake(
     check_fits(va)?;
     check_fits(vb)?;
     check_shapes(va.rows, va.cols, vb.rows, vb.cols, out)?;
-    let e2m1 = a.e2m1 && b.e2m1 && e2m1_native();
-    let pa = Prepared::new(Side::View(va), a.factor, a.quantized, e2m1);
-    let pb = Prepared::new(Side::View(vb), b.factor, b.quantized, e2m1);
+    let e2m1 = e2m1_gemm_runs(a.e2m1, b.e2m1);
+    let pa = Prepared::new(Side::View(va), a.factor, a.quantized);
+    let pb = Prepared::new(Side::View(vb), b.factor, b.quantized);
     let mut ws = WORKSPACE.with(|c| c.take()).unwrap_or_default();
     let GemmWorkspace {
         packed,
         e2m1: e2m1_ws,
         ..
     } = &mut *ws;
-    finish(pa, pb, out, (packed, e2m1_ws));
+    finish(pa, pb, e2m1, out, (packed, e2m1_ws));
     WORKSPACE.with(|c| c.set(Some(ws)));
     Ok(())
 }
 
-/// `out = α · Â · Bᵀ` for an operand B the caller keeps (`b.e2m1`: its values are E2M1,
-/// not yet whether the product runs on the E2M1 GEMM), `(N, K)`, A quantized in the call on
-/// this thread's workspace.
+/// `out = α · Â · Bᵀ` for an operand B the caller keeps (and whether its values are E2M1),
+/// `(N, K)`, A quantized in the call on this thread's workspace.
 fn with_kept_b(
     a: Operand<'_>,
-    mut b: Prepared<'_>,
+    (b, b_e2m1): (Prepared<'_>, bool),
     (n, kb): (usize, usize),
     out: &mut [f32],
 ) -> Result<(), QuantError> {
@@ -410,12 +405,10 @@ fn with_kept_b(
         e2m1: e2m1_ws,
         ..
     } = &mut *ws;
-    b.e2m1 = e2m1_gemm_runs(a.quant(), b.e2m1);
-    let rounds = qa && b.quantized && quantized_gemm_rounds_inputs() && !b.e2m1;
-    let r = prepare(a, wa, (&mut packed.a, true), rounds).map(|(av, fa)| {
-        let a = Prepared::new(av, fa, qa, b.e2m1);
-        finish(a, b, out, (packed, e2m1_ws))
-    });
+    let e2m1 = e2m1_gemm_runs(e2m1_values(a.quant()), b_e2m1);
+    let rounds = qa && b.quantized && quantized_gemm_rounds_inputs() && !e2m1;
+    let r = prepare(a, wa, (&mut packed.a, true), rounds)
+        .map(|(av, fa)| finish(Prepared::new(av, fa, qa), b, e2m1, out, (packed, e2m1_ws)));
     WORKSPACE.with(|c| c.set(Some(ws)));
     r
 }
@@ -474,15 +467,17 @@ impl FrozenOperand {
             .flat_map(|r| (0..v.cols).map(move |c| v.data[r * v.row_stride + c * v.col_stride]))
             .collect();
         let kept = MatRef::row_major(&values, v.rows, v.cols);
-        let e2m1 = (b.e2m1 && e2m1_native())
-            .then(|| PackedE2m1B::new(kept))
+        // E2M1 records where that GEMM runs and the values split, else BF16 tiles where a
+        // BF16 unit runs
+        let tiles = b
+            .e2m1
+            .then(|| PackedE2m1B::new(kept).map(FrozenTiles::E2m1))
             .flatten()
-            .map(FrozenTiles::E2m1);
-        let tiles = match e2m1 {
-            Some(t) => Some(t),
-            None if b.quantized => PackedB::new(kept).map(FrozenTiles::Bf16),
-            None => None,
-        };
+            .or_else(|| {
+                b.quantized
+                    .then(|| PackedB::new(kept).map(FrozenTiles::Bf16))
+                    .flatten()
+            });
         Ok(FrozenOperand {
             rows: v.rows,
             cols: v.cols,
@@ -522,15 +517,15 @@ pub fn quantized_matmul_tn_frozen(
     // the tiles exist only where a BF16 unit (the E2M1 GEMM) runs, and serve only a
     // product on it, i.e. with A quantized (A's values E2M1) too
     match &b.tiles {
-        Some(FrozenTiles::E2m1(t)) if e2m1_gemm_runs(a.quant(), true) => {
+        Some(FrozenTiles::E2m1(t)) if e2m1_gemm_runs(e2m1_values(a.quant()), true) => {
             // the values stay B's side for the BF16 GEMM should A's values not split
-            let mut b_side = Prepared::new(Side::View(b.fake().values), b.factor, true, true);
+            let mut b_side = Prepared::new(Side::View(b.fake().values), b.factor, true);
             b_side.e2m1_packed = Some(t);
-            with_kept_b(a, b_side, (b.rows, b.cols), out)
+            with_kept_b(a, (b_side, true), (b.rows, b.cols), out)
         }
         Some(FrozenTiles::Bf16(t)) if a.quantizer.quantizes() => {
-            let b_side = Prepared::new(Side::PackedB(t), b.factor, b.quantized, false);
-            with_kept_b(a, b_side, (b.rows, b.cols), out)
+            let b_side = Prepared::new(Side::PackedB(t), b.factor, b.quantized);
+            with_kept_b(a, (b_side, false), (b.rows, b.cols), out)
         }
         _ => quantized_matmul_tn_prequantized(a, b.fake(), out),
     }
@@ -590,12 +585,13 @@ const EPILOGUE_CHUNK: usize = 1 << 16;
 /// `out = α · Â · B̂ᵀ` from the prepared `[M, K]` and `[N, K]` operands (views, or packed
 /// into `packed` by the quantizer), their factors and whether each is quantized (then
 /// exactly BF16; an operand is packed only when both are and the tile unit runs). With
-/// `e2m1` set on both (the product runs on the E2M1 block GEMM: both sides are views of
-/// their values, B possibly packed for it too) the E2M1 GEMM multiplies, unless a group of
-/// either operand does not split: then the BF16 GEMM does, as it would without.
+/// `e2m1` (the product runs on the E2M1 block GEMM: both sides are views of their values, B
+/// possibly packed for it too) the E2M1 GEMM multiplies, unless a group of either operand
+/// does not split: then the BF16 GEMM does, as it would without.
 fn finish(
     a: Prepared<'_>,
     b: Prepared<'_>,
+    e2m1: bool,
     out: &mut [f32],
     (packed, e2m1_ws): (&mut Bf16Workspace, &mut E2m1Workspace),
 ) {
@@ -606,7 +602,7 @@ fn finish(
         Side::Packed { k, .. } => k,
         Side::PackedB(p) => p.dims().1,
     };
-    let on_e2m1 = match (a.e2m1 && b.e2m1, av, bv, b.e2m1_packed) {
+    let on_e2m1 = match (e2m1, av, bv, b.e2m1_packed) {
         (true, Side::View(a), _, Some(p)) => e2m1_gemm_tn_packed(a, p, out, e2m1_ws),
         (true, Side::View(a), Side::View(b), None) => e2m1_gemm_tn(a, b, out, e2m1_ws),
         _ => false,

@@ -35,6 +35,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use rayon::prelude::*;
 
 use super::MatRef;
+use crate::dispatch::with_avx2;
 
 /// K elements per group (the NVFP4 block; half an MX block).
 pub const GROUP: usize = 16;
@@ -238,9 +239,8 @@ fn pack_a(x: MatRef<'_>, p: &mut PackedA) -> bool {
     let groups = x.cols.div_ceil(GROUP);
     let rows = x.rows.next_multiple_of(MR);
     let row_bytes = groups * GROUP;
-    p.codes.clear();
+    // every byte and scale is written below: no clearing
     p.codes.resize(rows * row_bytes, 0);
-    p.scales.clear();
     p.scales.resize(rows * groups, 0.0);
     let ok = AtomicBool::new(true);
     p.codes
@@ -292,10 +292,10 @@ fn pack_a_rows(
 fn pack_b(x: MatRef<'_>, lines: &mut Vec<Line>) -> bool {
     let groups = x.cols.div_ceil(GROUP);
     let panels = x.rows.div_ceil(NR);
-    lines.clear();
     if groups == 0 {
         return true;
     }
+    // every byte of every record is written below: no clearing
     lines.resize(panels * groups * RECORD / 64, Line([0; 64]));
     let out: &mut [u8] = bytemuck::cast_slice_mut(lines);
     let ok = AtomicBool::new(true);
@@ -332,22 +332,6 @@ fn pack_b_panel(x: MatRef<'_>, r0: usize, panel: &mut [u8]) -> bool {
             true
         },
     )
-}
-
-/// Runs `f` compiled for AVX2 where the CPU has it (the packing loops vectorise), as is
-/// otherwise. Only a code-generation choice: the bits are the same.
-#[inline(always)]
-fn with_avx2<R>(f: impl FnOnce() -> R) -> R {
-    #[cfg(target_arch = "x86_64")]
-    if fp_formats::cpu::has_avx2() {
-        #[target_feature(enable = "avx2")]
-        unsafe fn avx2<R>(f: impl FnOnce() -> R) -> R {
-            f()
-        }
-        // SAFETY: the CPU supports AVX2 (checked above).
-        return unsafe { avx2(f) };
-    }
-    f()
 }
 
 /// Whether [`e2m1_gemm_tn`] runs its AVX2 kernel on this CPU, and the quantized GEMMs of two
@@ -392,7 +376,8 @@ pub fn e2m1_native() -> bool {
 /// assert!(!e2m1_gemm_tn(MatRef::row_major(&odd, 2, 2), bv, &mut c, &mut E2m1Workspace::new()));
 /// ```
 pub fn e2m1_gemm_tn(a: MatRef<'_>, b: MatRef<'_>, out: &mut [f32], ws: &mut E2m1Workspace) -> bool {
-    check(a, b, out);
+    assert!(b.fits(), "e2m1_gemm_tn: a strided view exceeds its storage");
+    check(a, (b.rows, b.cols), out);
     if !e2m1_native() {
         return e2m1_gemm_tn_portable(a, b, out);
     }
@@ -402,23 +387,18 @@ pub fn e2m1_gemm_tn(a: MatRef<'_>, b: MatRef<'_>, out: &mut [f32], ws: &mut E2m1
     e2m1_gemm_packed_b(a, (bytemuck::cast_slice(&ws.b), b.rows), out, &mut ws.a)
 }
 
-fn check(a: MatRef<'_>, b: MatRef<'_>, out: &[f32]) {
-    assert_eq!(
-        a.cols, b.cols,
-        "e2m1_gemm_tn: K differs ({} vs {})",
-        a.cols, b.cols
-    );
-    assert_eq!(out.len(), a.rows * b.rows, "e2m1_gemm_tn: output length");
-    assert!(
-        a.fits() && b.fits(),
-        "e2m1_gemm_tn: a strided view exceeds its storage"
-    );
+/// The shape checks of [`e2m1_gemm_tn`] for A and a B of `(N, K)`.
+fn check(a: MatRef<'_>, (n, kb): (usize, usize), out: &[f32]) {
+    assert_eq!(a.cols, kb, "e2m1_gemm_tn: K differs ({} vs {kb})", a.cols);
+    assert_eq!(out.len(), a.rows * n, "e2m1_gemm_tn: output length");
+    assert!(a.fits(), "e2m1_gemm_tn: a strided view exceeds its storage");
 }
 
 /// [`e2m1_gemm_tn`] on the scalar model whatever the CPU (for tests; the same bits).
 #[doc(hidden)]
 pub fn e2m1_gemm_tn_portable(a: MatRef<'_>, b: MatRef<'_>, out: &mut [f32]) -> bool {
-    check(a, b, out);
+    assert!(b.fits(), "e2m1_gemm_tn: a strided view exceeds its storage");
+    check(a, (b.rows, b.cols), out);
     let rows = |x: MatRef<'_>| -> Option<Vec<Vec<f32>>> {
         let k = x.cols.next_multiple_of(GROUP);
         let rows: Vec<Vec<f32>> = (0..x.rows)
@@ -468,7 +448,7 @@ pub fn e2m1_dot_reference(a: &[f32], b: &[f32]) -> Option<f32> {
         split_group(&gb)?;
         // exact: every product is an integer multiple (<= 144) of t_a · t_b
         let s: f64 = ga.iter().zip(&gb).map(|(&x, &y)| x as f64 * y as f64).sum();
-        debug_assert_eq!(s as f32 as f64, s);
+        assert_eq!(s as f32 as f64, s, "a group's sum is exact in FP32");
         c += s as f32;
     }
     Some(c)
@@ -517,13 +497,7 @@ pub fn e2m1_gemm_tn_packed(
     out: &mut [f32],
     ws: &mut E2m1Workspace,
 ) -> bool {
-    assert_eq!(
-        a.cols, b.k,
-        "e2m1_gemm_tn: K differs ({} vs {})",
-        a.cols, b.k
-    );
-    assert_eq!(out.len(), a.rows * b.rows, "e2m1_gemm_tn: output length");
-    assert!(a.fits(), "e2m1_gemm_tn: a strided view exceeds its storage");
+    check(a, (b.rows, b.k), out);
     e2m1_gemm_packed_b(
         a,
         (bytemuck::cast_slice(&b.records), b.rows),
@@ -532,7 +506,8 @@ pub fn e2m1_gemm_tn_packed(
     )
 }
 
-/// The output as shared by the tasks of [`run`], each writing its own rows x columns.
+/// The output as shared by the tasks of [`e2m1_gemm_packed_b`], each writing its own rows x
+/// columns.
 #[derive(Clone, Copy)]
 struct SharedOut {
     ptr: *mut f32,
