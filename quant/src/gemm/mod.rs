@@ -18,6 +18,8 @@ pub mod e2m1;
 mod fma_pairs;
 pub(crate) mod pack;
 #[cfg(target_arch = "x86_64")]
+mod pack_avx2;
+#[cfg(target_arch = "x86_64")]
 mod pack_avx512;
 
 use rayon::prelude::*;

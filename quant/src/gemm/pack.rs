@@ -24,6 +24,17 @@ fn pair(lo: u16, hi: u16) -> u32 {
     }
 }
 
+/// Which tile packer [`pack_one`] runs (a const parameter of the packing loops, each
+/// compiled once per instruction set): the scalar code, [`super::pack_avx2`] or
+/// [`super::pack_avx512`]. They write the same words.
+const SCALAR: u8 = 0;
+/// See [`SCALAR`].
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+const AVX2: u8 = 1;
+/// See [`SCALAR`].
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+const AVX512: u8 = 2;
+
 /// Packs `x: [rows, K]` into the [`packed_row_tiles`]`(rows) · ⌈K / 32⌉` tiles of one GEMM
 /// operand (rows and K padded with zeros), tile `(i, t)` at word `(i · kc + t) · 256`:
 ///
@@ -114,7 +125,7 @@ fn pack_k_runs(x: MatRef<'_>, kc: usize, a_layout: bool, tiles: &mut [u32]) {
             return;
         }
         // SAFETY: as above.
-        unsafe { pack_chunks::<false>(x, out, chunks, a_layout) };
+        unsafe { pack_chunks::<SCALAR>(x, out, chunks, a_layout) };
     });
 }
 
@@ -125,7 +136,7 @@ fn pack_k_runs(x: MatRef<'_>, kc: usize, a_layout: bool, tiles: &mut [u32]) {
 /// `chunks` must lie below `out.kc`, and no other task may touch those chunks' tiles
 /// meanwhile (see [`SharedTiles::tile`]).
 #[inline(always)]
-unsafe fn pack_chunks<const WIDE: bool>(
+unsafe fn pack_chunks<const ISA: u8>(
     x: MatRef<'_>,
     out: SharedTiles,
     chunks: std::ops::Range<usize>,
@@ -136,7 +147,7 @@ unsafe fn pack_chunks<const WIDE: bool>(
         for i in 0..out.row_tiles {
             // SAFETY: (caller)
             let tile = unsafe { out.tile(i, t) };
-            pack_one::<WIDE>(x, i, t, tile, a_layout, &mut w);
+            pack_one::<ISA>(x, i, t, tile, a_layout, &mut w);
         }
     }
 }
@@ -154,10 +165,11 @@ unsafe fn pack_chunks_avx512(
     a_layout: bool,
 ) {
     // SAFETY: (caller)
-    unsafe { pack_chunks::<true>(x, out, chunks, a_layout) }
+    unsafe { pack_chunks::<AVX512>(x, out, chunks, a_layout) }
 }
 
-/// [`pack_chunks`] compiled for AVX2 (the scalar packing, vectorised by the compiler).
+/// [`pack_chunks`] compiled for AVX2, with the AVX2 tile packer ([`super::pack_avx2`]) for
+/// the tiles that transpose.
 ///
 /// # Safety
 /// As [`pack_chunks`]; the CPU must have AVX2.
@@ -170,7 +182,7 @@ unsafe fn pack_chunks_avx2(
     a_layout: bool,
 ) {
     // SAFETY: (caller)
-    unsafe { pack_chunks::<false>(x, out, chunks, a_layout) }
+    unsafe { pack_chunks::<AVX2>(x, out, chunks, a_layout) }
 }
 
 /// 16-row blocks per packing task: about two tasks per thread. Packing only moves values,
@@ -184,7 +196,7 @@ fn group_size(blocks: usize) -> usize {
 /// (`words[p][r]`, see [`pack_view`]) otherwise; tile `(b, t)` at tile index `b · kc + t`, or
 /// `t · blocks + b` when `chunk_major`.
 #[inline(always)]
-fn pack_tiles<const WIDE: bool>(
+fn pack_tiles<const ISA: u8>(
     x: MatRef<'_>,
     kc: usize,
     i0: usize,
@@ -206,23 +218,24 @@ fn pack_tiles<const WIDE: bool>(
         for t in 0..kc {
             for b in 0..blocks {
                 let tile = &mut tiles[at(b, t)..][..TILE_WORDS];
-                pack_one::<WIDE>(x, i0 + b, t, tile, a_layout, &mut w);
+                pack_one::<ISA>(x, i0 + b, t, tile, a_layout, &mut w);
             }
         }
     } else {
         for b in 0..blocks {
             for t in 0..kc {
                 let tile = &mut tiles[at(b, t)..][..TILE_WORDS];
-                pack_one::<WIDE>(x, i0 + b, t, tile, a_layout, &mut w);
+                pack_one::<ISA>(x, i0 + b, t, tile, a_layout, &mut w);
             }
         }
     }
 }
 
-/// [`pack_tile`], on the AVX-512 packer where `WIDE` (only inside [`pack_tiles_avx512`])
-/// and the view's layout has one.
+/// [`pack_tile`], on the AVX-512 packer inside [`pack_tiles_avx512`] and
+/// [`pack_chunks_avx512`] (`ISA == AVX512`), on the AVX2 one inside their AVX2 twins
+/// (`ISA == AVX2`), where the view's layout has one.
 #[inline(always)]
-fn pack_one<const WIDE: bool>(
+fn pack_one<const ISA: u8>(
     x: MatRef<'_>,
     i: usize,
     t: usize,
@@ -231,15 +244,40 @@ fn pack_one<const WIDE: bool>(
     w: &mut [[u32; TILE]; TILE],
 ) {
     #[cfg(target_arch = "x86_64")]
-    if WIDE && x.rows > i * TILE {
-        // SAFETY: `WIDE` is set only by `pack_tiles_avx512`, whose caller checked AVX-512F
-        // and AVX-512BW (`wide_packing`); the view fits its storage (the GEMM asserted it)
-        // and tile `i` holds rows of it.
+    if ISA == AVX512 && x.rows > i * TILE {
+        // SAFETY: `AVX512` is passed only by `pack_tiles_avx512` and `pack_chunks_avx512`,
+        // whose callers checked AVX-512F/BW/DQ and AVX512_BF16 (`wide_packing`); the view
+        // fits its storage (the GEMM asserted it) and tile `i` holds rows of it.
         if unsafe { super::pack_avx512::pack_tile(x, i, t, tile, a_layout) } {
             return;
         }
     }
+    #[cfg(target_arch = "x86_64")]
+    if ISA == AVX2 && x.rows > i * TILE && transposes(x, a_layout) {
+        // Only the tiles that transpose: there the AVX2 packer takes 0.24 ns per value
+        // against the compiled scalar code's 0.36 (in cache, one thread, Zen 3); where the
+        // words keep the view's orientation both take 0.22.
+        // SAFETY: `AVX2` is passed only by `pack_tiles_avx2` and `pack_chunks_avx2`, whose
+        // callers checked AVX2; the view fits its storage and tile `i` holds rows of it.
+        if unsafe { super::pack_avx2::pack_tile(x, i, t, tile, a_layout) } {
+            return;
+        }
+    }
     pack_tile(x, i, t, tile, a_layout, w);
+}
+
+/// Whether [`pack_tile`] gathers `x`'s pair words row by row (K contiguous in memory, or
+/// neither axis), rather than pair by pair (rows contiguous).
+#[inline(always)]
+fn gathered_by_rows(x: MatRef<'_>) -> bool {
+    x.col_stride == 1 || x.row_stride != 1
+}
+
+/// Whether packing `x` transposes its 16 x 16 blocks of pair words: gathered by rows but
+/// wanted in B's orientation, or the reverse.
+#[inline(always)]
+fn transposes(x: MatRef<'_>, a_layout: bool) -> bool {
+    gathered_by_rows(x) != a_layout
 }
 
 /// Packs tile `(i, t)` of `x` (rows `16i ..`, K `32t ..`; zero-padded). The two layouts are
@@ -262,7 +300,7 @@ fn pack_tile(
     let (k0, kn) = (t * CHUNK, (x.cols - t * CHUNK).min(CHUNK));
     // `by_rows`: w[r][p] for each row r (K contiguous in memory);
     // otherwise w[p][r] for each pair p (rows contiguous): the transposed block.
-    let by_rows = x.col_stride == 1 || x.row_stride != 1;
+    let by_rows = gathered_by_rows(x);
     if by_rows {
         for (r, wr) in w.iter_mut().enumerate() {
             wr.fill(0);
@@ -348,7 +386,7 @@ unsafe fn pack_tiles_avx512(
     tiles: &mut [u32],
     layout: (bool, bool),
 ) {
-    pack_tiles::<true>(x, kc, i0, tiles, layout)
+    pack_tiles::<AVX512>(x, kc, i0, tiles, layout)
 }
 
 /// [`pack_tiles`] compiled for AVX2, for CPUs without AVX-512 (the pair arithmetic on
@@ -362,7 +400,7 @@ unsafe fn pack_tiles_avx2(
     tiles: &mut [u32],
     layout: (bool, bool),
 ) {
-    pack_tiles::<false>(x, kc, i0, tiles, layout)
+    pack_tiles::<AVX2>(x, kc, i0, tiles, layout)
 }
 
 /// Whether the packing loops may use AVX-512 (the same instructions' results: the packing
@@ -522,5 +560,5 @@ fn pack_dispatch(x: MatRef<'_>, kc: usize, i0: usize, tiles: &mut [u32], layout:
         unsafe { pack_tiles_avx2(x, kc, i0, tiles, layout) };
         return;
     }
-    pack_tiles::<false>(x, kc, i0, tiles, layout);
+    pack_tiles::<SCALAR>(x, kc, i0, tiles, layout);
 }
