@@ -84,6 +84,8 @@ use crate::{MatRef, QuantError, QuantizedTensor, RngKey};
 pub const PRESCALE_INV: f32 = 4.0 / 3.0;
 
 #[cfg(target_arch = "x86_64")]
+mod avx2;
+#[cfg(target_arch = "x86_64")]
 mod avx512;
 mod fast;
 

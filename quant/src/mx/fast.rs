@@ -37,7 +37,9 @@
 //!
 //! The per-panel functions are `#[inline(always)]` on fixed-size arrays and are compiled
 //! twice (baseline and AVX2, picked at run time); both use plain IEEE operations without
-//! FMA, so they give identical bits (tested).
+//! FMA, so they give identical bits (tested). Where the CPU has them, hand-written kernels
+//! take the whole blocks and tiles of the fake quantization with the same operations
+//! ([`Kernel`]: `mx/avx512.rs`, and `mx/avx2.rs` for CPUs without AVX-512).
 
 use fp_formats::mx::{MxElement, BLOCK};
 use fp_formats::{E2M1, E2M3, E3M2, E4M3, E5M2};
@@ -262,6 +264,35 @@ impl Source<f32> for InPlace {
     }
 }
 
+/// Which code takes the whole blocks (rowwise) or whole 32x16 tiles (columnwise in the
+/// source layout) of a panel: the hand-written AVX-512 or AVX2 kernels, or the compiled
+/// loops of this module. All give the same bits.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Kernel {
+    Compiled,
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+    Avx512,
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+    Avx2,
+}
+
+impl Kernel {
+    /// The fastest kernel this CPU runs, or the compiled loops when `portable`.
+    fn of(portable: bool) -> Kernel {
+        #[cfg(target_arch = "x86_64")]
+        if !portable {
+            if super::avx512::available() {
+                return Kernel::Avx512;
+            }
+            if fp_formats::cpu::has_avx2() {
+                return Kernel::Avx2;
+            }
+        }
+        let _ = portable;
+        Kernel::Compiled
+    }
+}
+
 /// Quantizes the `n` stored rows of one panel (`[n, scols]`, read from `src`) into `dst`:
 /// fake-quantized values `[n, scols]`, or codes `[n, pcols]` (padding included) with the
 /// scale bytes in `scales` (`[n, pcols / 32]`). `rbits` holds the random bytes of the
@@ -285,35 +316,36 @@ fn panel<F: Elem, S: Source<T>, T: Out>(
     };
     let mut l = Lanes::new();
     let mut amax = 0.0f32;
-    // Whole blocks of each row on the AVX-512 kernel where it runs (values output only).
-    #[cfg(target_arch = "x86_64")]
-    let wide = !portable && !T::CODES && super::avx512::available();
-    #[cfg(not(target_arch = "x86_64"))]
-    let wide = {
-        let _ = portable;
-        false
+    // Whole blocks of each row on a hand-written kernel where one runs (values output only).
+    let kernel = if T::CODES {
+        Kernel::Compiled
+    } else {
+        Kernel::of(portable)
     };
-    let first_block = if wide { scols / BLOCK } else { 0 };
+    let first_block = if kernel == Kernel::Compiled {
+        0
+    } else {
+        scols / BLOCK
+    };
     #[cfg(target_arch = "x86_64")]
     let mut counts = super::avx512::Counts::default();
     for r in 0..n {
         let row = r * scols;
         #[cfg(target_arch = "x86_64")]
-        if let Some(d) = T::values_ptr(dst).filter(|_| wide) {
+        if let Some(d) = T::values_ptr(dst).filter(|_| kernel != Kernel::Compiled) {
             assert!(row + first_block * BLOCK <= dst.len());
             assert!(rbits.is_none_or(|rb| r * pcols + first_block * BLOCK <= rb.len()));
-            // SAFETY: AVX-512F is present (`available`); the row's whole blocks lie inside
-            // `dst` and the source shaped like it (or `dst` itself), and their random bytes
-            // inside `rbits` (asserted).
+            let (src, dst) = (src.base(d).wrapping_add(row), d.wrapping_add(row));
+            let rb = rbits.map(|rb| rb[r * pcols..].as_ptr());
+            // SAFETY: the kernel's instructions are present (`Kernel::of`); the row's whole
+            // blocks lie inside `dst` and the source shaped like it (or `dst` itself), and
+            // their random bytes inside `rbits` (asserted).
             let m = unsafe {
-                super::avx512::row_blocks::<F>(
-                    c,
-                    src.base(d).add(row),
-                    d.add(row),
-                    first_block,
-                    rbits.map(|rb| rb.as_ptr().add(r * pcols)),
-                    &mut counts,
-                )
+                if kernel == Kernel::Avx512 {
+                    super::avx512::row_blocks::<F>(c, src, dst, first_block, rb, &mut counts)
+                } else {
+                    super::avx2::row_blocks::<F>(c, src, dst, first_block, rb, &mut counts)
+                }
             };
             amax = max(amax, m);
         }
@@ -556,10 +588,12 @@ fn vertical_panel<F: Elem>(
     let mut l = Lanes::new();
     let mut amax_all = 0.0f32;
     let mut t = [[0.0f32; LANES]; BLOCK];
-    #[cfg(target_arch = "x86_64")]
-    let wide = !portable && super::avx512::available();
-    #[cfg(not(target_arch = "x86_64"))]
-    let _ = portable;
+    // Whole 32x16 tiles on a hand-written kernel where one runs (the AVX2 one rounds to
+    // nearest only).
+    let kernel = match Kernel::of(portable) {
+        Kernel::Avx2 if c.sr.is_some() => Kernel::Compiled,
+        k => k,
+    };
     #[cfg(target_arch = "x86_64")]
     let mut counts = super::avx512::Counts::default();
     for rs in (0..n).step_by(BLOCK) {
@@ -569,7 +603,7 @@ fn vertical_panel<F: Elem>(
         for c0 in (0..cols).step_by(LANES) {
             let nc = (cols - c0).min(LANES);
             #[cfg(target_arch = "x86_64")]
-            if wide && nr == BLOCK && nc == LANES {
+            if kernel != Kernel::Compiled && nr == BLOCK && nc == LANES {
                 let s = rs * cols + c0;
                 let end = s + (BLOCK - 1) * cols + LANES;
                 assert!(end <= src.len() && end <= dst.len());
@@ -582,17 +616,15 @@ fn vertical_panel<F: Elem>(
                         (pcols / 16) as u64,
                     )
                 });
-                // SAFETY: AVX-512F is present (`available`); the tile's 32 rows of 16 lie
-                // inside `src` and `dst` (asserted), which are distinct slices.
+                let (src, dst) = (src[s..].as_ptr(), dst[s..].as_mut_ptr());
+                // SAFETY: the kernel's instructions are present (`Kernel::of`); the tile's 32
+                // rows of 16 lie inside `src` and `dst` (asserted), which are distinct slices.
                 let m = unsafe {
-                    super::avx512::vertical_tile::<F>(
-                        c,
-                        src[s..].as_ptr(),
-                        dst[s..].as_mut_ptr(),
-                        cols,
-                        rand,
-                        &mut counts,
-                    )
+                    if kernel == Kernel::Avx512 {
+                        super::avx512::vertical_tile::<F>(c, src, dst, cols, rand, &mut counts)
+                    } else {
+                        super::avx2::vertical_tile_rne::<F>(c, src, dst, cols, &mut counts)
+                    }
                 };
                 amax_all = max(amax_all, m);
                 continue;
