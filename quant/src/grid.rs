@@ -196,3 +196,42 @@ pub(crate) mod avx512 {
         _mm512_castsi512_ps(_mm512_or_si512(m, _mm512_and_si512(y, sign)))
     }
 }
+
+/// The same steps on eight lanes, for the AVX2 kernels of MX (`mx/avx2.rs`).
+#[cfg(target_arch = "x86_64")]
+pub(crate) mod avx2 {
+    use std::arch::x86_64::*;
+
+    /// [`super::grid_sr`]'s rounding of `a` (non-negative) onto the multiples of `step` (a
+    /// power of two; `inv_step` its reciprocal), up iff `256 · frac(a / step) >= 256 - r` for
+    /// the random byte `r` of each lane: `(floor(t) + up) · step` with `t = a · inv_step` exact,
+    /// its floor by the magic number `2^23`.
+    #[inline]
+    #[target_feature(enable = "avx2")]
+    pub(crate) fn round_sr(a: __m256, step: __m256, inv_step: __m256, r: __m256i) -> __m256 {
+        let (one, two23, c256) = (
+            _mm256_set1_ps(1.0),
+            _mm256_set1_ps(8_388_608.0),
+            _mm256_set1_ps(256.0),
+        );
+        let t = _mm256_mul_ps(a, inv_step);
+        let n = _mm256_sub_ps(_mm256_add_ps(t, two23), two23);
+        // `n - 1` where above `t`, else `n - 0`, which is `n` itself (n >= +0)
+        let above = _mm256_cmp_ps::<_CMP_GT_OQ>(n, t);
+        let fl = _mm256_sub_ps(n, _mm256_and_ps(above, one));
+        let frac = _mm256_mul_ps(_mm256_sub_ps(t, fl), c256);
+        let threshold = _mm256_sub_ps(c256, _mm256_cvtepi32_ps(r));
+        let up = _mm256_cmp_ps::<_CMP_GE_OQ>(frac, threshold);
+        // `fl + 0` is `fl` itself (fl >= +0), so only the rounded-up lanes change
+        _mm256_mul_ps(_mm256_add_ps(fl, _mm256_and_ps(up, one)), step)
+    }
+
+    /// `fl(v · s)` with the sign bit of `y` (the bits of the scaled element) put back.
+    #[inline]
+    #[target_feature(enable = "avx2")]
+    pub(crate) fn signed_product(v: __m256, s: __m256, y: __m256i) -> __m256 {
+        let sign = _mm256_set1_epi32(0x8000_0000u32 as i32);
+        let m = _mm256_castps_si256(_mm256_mul_ps(v, s));
+        _mm256_castsi256_ps(_mm256_or_si256(m, _mm256_and_si256(y, sign)))
+    }
+}

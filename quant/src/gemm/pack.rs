@@ -351,7 +351,38 @@ fn pack_tile(
     }
 }
 
-/// [`pack_tile`] with its own scratch, for the AVX-512 packer's tests.
+#[cfg(test)]
+/// Values that exercise the BF16 rounding of the packers (for their tests): ties both ways, NaNs (quieted, sign kept),
+/// infinities, f32 subnormals (which round to BF16 subnormals or the smallest normal),
+/// values that round up to infinity, signed zeros.
+pub(super) fn edge_values_for_tests(n: usize) -> Vec<f32> {
+    let specials = [
+        f32::from_bits(0x3f80_8000), // tie, even below: stays
+        f32::from_bits(0x3f81_8000), // tie, odd below: rounds up
+        f32::from_bits(0x3f80_8001),
+        f32::from_bits(0x7f80_0001), // signalling NaN
+        f32::from_bits(0xffc0_1234),
+        f32::INFINITY,
+        f32::NEG_INFINITY,
+        f32::from_bits(0x007f_ffff), // subnormal rounding to the smallest normal
+        f32::from_bits(0x0000_8000),
+        f32::from_bits(0x7f7f_ffff), // rounds to infinity
+        -0.0,
+        0.0,
+    ];
+    (0..n)
+        .map(|j| {
+            let h = (j as u32).wrapping_mul(2_654_435_761);
+            if h.is_multiple_of(5) {
+                specials[(h / 5) as usize % specials.len()]
+            } else {
+                f32::from_bits(h)
+            }
+        })
+        .collect()
+}
+
+/// [`pack_tile`] with its own scratch, for the vector packers' tests.
 #[cfg(test)]
 pub(super) fn pack_tile_scalar_for_tests(
     x: MatRef<'_>,

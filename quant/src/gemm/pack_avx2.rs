@@ -167,38 +167,8 @@ pub(super) unsafe fn pack_tile(
 
 #[cfg(test)]
 mod tests {
-    use super::super::pack::pack_tile_scalar_for_tests as scalar;
+    use super::super::pack::{edge_values_for_tests as edge, pack_tile_scalar_for_tests as scalar};
     use super::*;
-
-    /// Values that exercise the rounding: ties both ways, NaNs (quieted, sign kept),
-    /// infinities, f32 subnormals (which round to BF16 subnormals or the smallest normal),
-    /// values that round up to infinity, signed zeros; the rest random bit patterns.
-    fn edge(n: usize) -> Vec<f32> {
-        let specials = [
-            f32::from_bits(0x3f80_8000), // tie, even below: stays
-            f32::from_bits(0x3f81_8000), // tie, odd below: rounds up
-            f32::from_bits(0x3f80_8001),
-            f32::from_bits(0x7f80_0001), // signalling NaN
-            f32::from_bits(0xffc0_1234),
-            f32::INFINITY,
-            f32::NEG_INFINITY,
-            f32::from_bits(0x007f_ffff), // subnormal rounding to the smallest normal
-            f32::from_bits(0x0000_8000),
-            f32::from_bits(0x7f7f_ffff), // rounds to infinity
-            -0.0,
-            0.0,
-        ];
-        (0..n)
-            .map(|j| {
-                let h = (j as u32).wrapping_mul(2_654_435_761);
-                if h.is_multiple_of(5) {
-                    specials[(h / 5) as usize % specials.len()]
-                } else {
-                    f32::from_bits(h)
-                }
-            })
-            .collect()
-    }
 
     #[test]
     fn packs_the_scalar_words_for_both_layouts_and_orientations() {

@@ -20,6 +20,7 @@ use fp_formats::mx::BLOCK;
 
 use super::avx512::Counts;
 use super::MxCast;
+use crate::grid::avx2::{round_sr, signed_product};
 use crate::grid::{max, Elem};
 
 /// Lanes of one register.
@@ -133,39 +134,6 @@ impl Tally {
         n.clipped += lanes.iter().map(|&k| k as usize).sum::<usize>();
         n.bad |= _mm256_testz_si256(self.bad, self.bad) == 0;
     }
-}
-
-/// `crate::grid::grid_sr`'s rounding of `a` (non-negative) onto the multiples of `step` (a
-/// power of two; `inv_step` its reciprocal), up iff `256 · frac(a / step) >= 256 - r` for
-/// the random byte `r` of each lane: `(floor(t) + up) · step` with `t = a · inv_step` exact,
-/// its floor by the magic number `2^23`.
-#[inline]
-#[target_feature(enable = "avx2")]
-fn round_sr(a: __m256, step: __m256, inv_step: __m256, r: __m256i) -> __m256 {
-    let (one, two23, c256) = (
-        _mm256_set1_ps(1.0),
-        _mm256_set1_ps(8_388_608.0),
-        _mm256_set1_ps(256.0),
-    );
-    let t = _mm256_mul_ps(a, inv_step);
-    let n = _mm256_sub_ps(_mm256_add_ps(t, two23), two23);
-    // `n - 1` where above `t`, else `n - 0`, which is `n` itself (n >= +0)
-    let above = _mm256_cmp_ps::<_CMP_GT_OQ>(n, t);
-    let fl = _mm256_sub_ps(n, _mm256_and_ps(above, one));
-    let frac = _mm256_mul_ps(_mm256_sub_ps(t, fl), c256);
-    let threshold = _mm256_sub_ps(c256, _mm256_cvtepi32_ps(r));
-    let up = _mm256_cmp_ps::<_CMP_GE_OQ>(frac, threshold);
-    // `fl + 0` is `fl` itself (fl >= +0), so only the rounded-up lanes change
-    _mm256_mul_ps(_mm256_add_ps(fl, _mm256_and_ps(up, one)), step)
-}
-
-/// `fl(v · s)` with the sign bit of `y` (the bits of the scaled element) put back.
-#[inline]
-#[target_feature(enable = "avx2")]
-fn signed_product(v: __m256, s: __m256, y: __m256i) -> __m256 {
-    let sign = _mm256_set1_epi32(0x8000_0000u32 as i32);
-    let m = _mm256_castps_si256(_mm256_mul_ps(v, s));
-    _mm256_castsi256_ps(_mm256_or_si256(m, _mm256_and_si256(y, sign)))
 }
 
 /// `|x|` of eight lanes.
