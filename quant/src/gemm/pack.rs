@@ -382,16 +382,37 @@ pub(super) fn edge_values_for_tests(n: usize) -> Vec<f32> {
         .collect()
 }
 
-/// [`pack_tile`] with its own scratch, for the vector packers' tests.
+/// Checks a vector tile packer against [`pack_tile`] on the `[rows, k]` values `v`, stored
+/// row-major and as a transposed view, for both orientations and every tile (for the vector
+/// packers' tests; `what` names the case in a failure).
 #[cfg(test)]
-pub(super) fn pack_tile_scalar_for_tests(
-    x: MatRef<'_>,
-    i: usize,
-    t: usize,
-    tile: &mut [u32],
-    a_layout: bool,
+pub(super) fn check_packer_for_tests(
+    v: &[f32],
+    (rows, k): (usize, usize),
+    packer: impl Fn(MatRef<'_>, usize, usize, &mut [u32], bool) -> bool,
+    what: &str,
 ) {
-    pack_tile(x, i, t, tile, a_layout, &mut [[0; TILE]; TILE]);
+    let vt: Vec<f32> = (0..rows * k)
+        .map(|j| v[(j % rows) * k + j / rows])
+        .collect();
+    let views = [
+        MatRef::row_major(v, rows, k),
+        MatRef::row_major(&vt, k, rows).t(),
+    ];
+    for x in views {
+        for a_layout in [true, false] {
+            for i in 0..rows.div_ceil(TILE) {
+                for t in 0..k.div_ceil(CHUNK) {
+                    let mut want = vec![7u32; TILE_WORDS];
+                    let mut got = vec![9u32; TILE_WORDS];
+                    pack_tile(x, i, t, &mut want, a_layout, &mut [[0; TILE]; TILE]);
+                    assert!(packer(x, i, t, &mut got, a_layout), "{what}: declined");
+                    let at = format!("{what}: [{rows}, {k}] ({i}, {t}) a {a_layout}");
+                    assert_eq!(got, want, "{at}");
+                }
+            }
+        }
+    }
 }
 
 /// `tile[y · 16 + x] = w[x][y]`: the 16 x 16 words transposed.

@@ -167,7 +167,7 @@ pub(super) unsafe fn pack_tile(
 
 #[cfg(test)]
 mod tests {
-    use super::super::pack::{edge_values_for_tests as edge, pack_tile_scalar_for_tests as scalar};
+    use super::super::pack::{check_packer_for_tests, edge_values_for_tests as edge};
     use super::*;
 
     #[test]
@@ -189,28 +189,10 @@ mod tests {
         ];
         for (rows, k) in shapes {
             let v = edge(rows * k);
-            let vt: Vec<f32> = (0..rows * k)
-                .map(|j| v[(j % rows) * k + j / rows])
-                .collect();
-            let views = [
-                MatRef::row_major(&v, rows, k),
-                MatRef::row_major(&vt, k, rows).t(),
-            ];
-            for x in views {
-                for a_layout in [true, false] {
-                    for i in 0..rows.div_ceil(TILE) {
-                        for t in 0..k.div_ceil(CHUNK) {
-                            let mut want = vec![7u32; TILE_WORDS];
-                            let mut got = vec![9u32; TILE_WORDS];
-                            scalar(x, i, t, &mut want, a_layout);
-                            // SAFETY: checked just above; the views fit their storage
-                            assert!(unsafe { pack_tile(x, i, t, &mut got, a_layout) });
-                            let what = format!("[{rows}, {k}] ({i}, {t}) a {a_layout}");
-                            assert_eq!(got, want, "{what}");
-                        }
-                    }
-                }
-            }
+            // SAFETY: checked just above; the views fit their storage
+            let packer =
+                |x: MatRef<'_>, i, t, tile: &mut [u32], a| unsafe { pack_tile(x, i, t, tile, a) };
+            check_packer_for_tests(&v, (rows, k), packer, "avx2");
         }
     }
 
