@@ -100,6 +100,27 @@ struct MxCast {
     key: RngKey,
 }
 
+/// The clipped count and non-finite flag of the scaled elements a hand-written kernel saw
+/// (`mx/avx512.rs`, `mx/avx2.rs`), merged into the panel's counts by `fast.rs`.
+#[cfg(target_arch = "x86_64")]
+#[derive(Default)]
+struct Counts {
+    clipped: usize,
+    bad: bool,
+}
+
+impl MxCast {
+    /// The E8M0 scale of a block whose largest magnitude is `amax` ([`ScaleRule::scale`])
+    /// and the multiplier of its elements: the scale's exact reciprocal `2^(127 - b)`, times
+    /// 3/4 with the prescaled stochastic rounding. What every MX kernel computes per block.
+    #[inline(always)]
+    fn block_scale<F: ElementFormat>(&self, amax: f32) -> (E8M0, f32) {
+        let scale = self.rule.scale::<F>(amax);
+        let inv = scale.reciprocal();
+        (scale, if self.prescale { inv * 0.75 } else { inv })
+    }
+}
+
 /// The resolved settings of an MX quantizer (its settings were checked by
 /// [`crate::Quantizer::new`]; `usage` is unused since).
 fn settings(q: &OperandQuant, _usage: Usage, key: RngKey) -> Result<MxCast, QuantError> {

@@ -18,8 +18,7 @@ use std::marker::PhantomData;
 
 use fp_formats::mx::BLOCK;
 
-use super::avx512::Counts;
-use super::MxCast;
+use super::{Counts, MxCast};
 use crate::grid::avx2::{round_sr, signed_product};
 use crate::grid::{max, Elem};
 
@@ -99,8 +98,8 @@ impl<F: Elem> Grid<F> {
 }
 
 /// The clipped and non-finite counts of a kernel, per lane in registers until [`Tally::into`]
-/// adds them to the caller's [`Counts`] (a lane counts at most 4 per 32-value block, and a
-/// kernel call sees fewer than 2^29 blocks: every view's size is bounded).
+/// adds them to the caller's [`Counts`]. A lane counts at most 4 per 32-value block of a row
+/// and 32 per tile, so its 32 bits would overflow only for a row of 2^35 values (128 GiB).
 struct Tally {
     clipped: __m256i,
     bad: __m256i,
@@ -143,14 +142,6 @@ fn abs(x: __m256) -> __m256 {
     _mm256_and_ps(x, _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFF_FFFF)))
 }
 
-/// The E8M0 scale of a block amax and the multiplier of its elements (`fast::panel`'s).
-#[inline(always)]
-fn block_scale<F: Elem>(c: &MxCast, amax: f32) -> (f32, f32) {
-    let scale = c.rule.scale::<F>(amax);
-    let inv = scale.reciprocal();
-    (if c.prescale { inv * 0.75 } else { inv }, scale.value())
-}
-
 /// Fake-quantizes the `blocks` whole 32-element blocks of one stored row, read at `src` and
 /// written at `dst` (`src` may equal `dst`), the random bytes of block `b` (with stochastic
 /// rounding) at `rbits + 32 b`. Returns the largest block amax.
@@ -183,7 +174,8 @@ pub(super) unsafe fn row_blocks<F: Elem>(
         let m1 = _mm_max_ps(m2, _mm_movehl_ps(m2, m2));
         let m = _mm_cvtss_f32(_mm_max_ss(m1, _mm_shuffle_ps::<0b01>(m1, m1)));
         amax = max(amax, m);
-        let (mul, s) = block_scale::<F>(c, m);
+        let (scale, mul) = c.block_scale::<F>(m);
+        let s = scale.value();
         let (mul, s) = (_mm256_set1_ps(mul), _mm256_set1_ps(s));
         for (q, &xq) in x.iter().enumerate() {
             let y = match rbits {
@@ -228,7 +220,8 @@ pub(super) unsafe fn vertical_tile_rne<F: Elem>(
         _mm256_storeu_ps(am.as_mut_ptr(), amax);
         let (mut mul, mut sv) = ([0.0f32; LANES], [0.0f32; LANES]);
         for j in 0..LANES {
-            (mul[j], sv[j]) = block_scale::<F>(c, am[j]);
+            let (scale, m) = c.block_scale::<F>(am[j]);
+            (mul[j], sv[j]) = (m, scale.value());
             amax_all = max(amax_all, am[j]);
         }
         let (mul, s) = (_mm256_loadu_ps(mul.as_ptr()), _mm256_loadu_ps(sv.as_ptr()));

@@ -17,7 +17,7 @@ use std::marker::PhantomData;
 
 use fp_formats::mx::BLOCK;
 
-use super::MxCast;
+use super::{Counts, MxCast};
 use crate::grid::avx512::{round_sr, signed_product};
 use crate::grid::{max, Elem};
 use crate::philox::avx512::words_x16;
@@ -27,13 +27,6 @@ pub(super) use crate::philox::avx512::available;
 
 /// Lanes of one register row.
 const LANES: usize = 16;
-
-/// The clipped count and non-finite flag of the scaled elements a kernel saw.
-#[derive(Default)]
-pub(super) struct Counts {
-    pub clipped: usize,
-    pub bad: bool,
-}
 
 /// The broadcast constants of `F`'s grid arithmetic.
 struct Grid<F> {
@@ -107,14 +100,6 @@ impl<F: Elem> Grid<F> {
     }
 }
 
-/// The E8M0 scale of a block amax and the multiplier of its elements (`fast::panel`'s).
-#[inline(always)]
-fn block_scale<F: Elem>(c: &MxCast, amax: f32) -> (f32, f32) {
-    let scale = c.rule.scale::<F>(amax);
-    let inv = scale.reciprocal();
-    (if c.prescale { inv * 0.75 } else { inv }, scale.value())
-}
-
 /// Fake-quantizes the `blocks` whole 32-element blocks of one stored row, read at `src` and
 /// written at `dst` (`src` may equal `dst`), the random bytes of block `b` (with stochastic
 /// rounding) at `rbits + 32 b`. Returns the largest block amax.
@@ -141,7 +126,8 @@ pub(super) unsafe fn row_blocks<F: Elem>(
         );
         let m = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(x0), _mm512_abs_ps(x1)));
         amax = max(amax, m);
-        let (mul, s) = block_scale::<F>(c, m);
+        let (scale, mul) = c.block_scale::<F>(m);
+        let s = scale.value();
         let (mul, s) = (_mm512_set1_ps(mul), _mm512_set1_ps(s));
         let (y0, y1) = match rbits {
             None => (g.rne(x0, mul, s, n), g.rne(x1, mul, s, n)),
@@ -184,7 +170,8 @@ pub(super) unsafe fn vertical_tile<F: Elem>(
     _mm512_storeu_ps(am.as_mut_ptr(), amax);
     let (mut mul, mut sv) = ([0.0f32; LANES], [0.0f32; LANES]);
     for j in 0..LANES {
-        (mul[j], sv[j]) = block_scale::<F>(c, am[j]);
+        let (scale, m) = c.block_scale::<F>(am[j]);
+        (mul[j], sv[j]) = (m, scale.value());
     }
     let (mul, s) = (_mm512_loadu_ps(mul.as_ptr()), _mm512_loadu_ps(sv.as_ptr()));
     match rand {

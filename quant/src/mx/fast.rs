@@ -163,9 +163,9 @@ impl Lanes {
         }
     }
 
-    /// Adds the counts of an AVX-512 kernel.
+    /// Adds the counts of a hand-written kernel (`mx/avx512.rs`, `mx/avx2.rs`).
     #[cfg(target_arch = "x86_64")]
-    fn merge(&mut self, n: &super::avx512::Counts) {
+    fn merge(&mut self, n: &super::Counts) {
         self.clipped[0] += n.clipped as u32;
         self.bad[0] |= n.bad as u32;
     }
@@ -328,7 +328,7 @@ fn panel<F: Elem, S: Source<T>, T: Out>(
         scols / BLOCK
     };
     #[cfg(target_arch = "x86_64")]
-    let mut counts = super::avx512::Counts::default();
+    let mut counts = super::Counts::default();
     for r in 0..n {
         let row = r * scols;
         #[cfg(target_arch = "x86_64")]
@@ -360,9 +360,7 @@ fn panel<F: Elem, S: Source<T>, T: Out>(
             };
             let m = block_amax(&x);
             amax = max(amax, m);
-            let scale = c.rule.scale::<F>(m);
-            let inv = scale.reciprocal();
-            let mul = if c.prescale { inv * 0.75 } else { inv };
+            let (scale, mul) = c.block_scale::<F>(m);
             let rb: Option<&[u8; BLOCK]> =
                 rbits.map(|rb| rb[r * pcols + c0..][..BLOCK].try_into().expect("32 bytes"));
             let (d, len) = if T::CODES {
@@ -595,7 +593,7 @@ fn vertical_panel<F: Elem>(
         k => k,
     };
     #[cfg(target_arch = "x86_64")]
-    let mut counts = super::avx512::Counts::default();
+    let mut counts = super::Counts::default();
     for rs in (0..n).step_by(BLOCK) {
         let nr = (n - rs).min(BLOCK);
         // The stored block index of this strip.
@@ -651,10 +649,8 @@ fn vertical_panel<F: Elem>(
             let mut sv = [0.0f32; LANES];
             for j in 0..LANES {
                 amax_all = max(amax_all, amax[j]);
-                let scale = c.rule.scale::<F>(amax[j]);
-                let inv = scale.reciprocal();
-                mul[j] = if c.prescale { inv * 0.75 } else { inv };
-                sv[j] = scale.value();
+                let (scale, m) = c.block_scale::<F>(amax[j]);
+                (mul[j], sv[j]) = (m, scale.value());
             }
             match c.sr {
                 None => {
