@@ -352,7 +352,7 @@ pub(crate) fn max(a: &[f32]) -> f32 {
 }
 
 #[inline(always)]
-fn sum16(a: &[f32; 16]) -> f32 {
+pub(crate) fn sum16(a: &[f32; 16]) -> f32 {
     let s: [f32; 8] = std::array::from_fn(|l| a[l] + a[l + 8]);
     (s[0] + s[4]) + (s[1] + s[5]) + ((s[2] + s[6]) + (s[3] + s[7]))
 }

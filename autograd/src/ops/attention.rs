@@ -20,7 +20,7 @@ use rayon::prelude::*;
 
 use super::attention_products::{AttentionProducts, Multiplier};
 
-use crate::cpu::{dot, exp, max, simd, sum};
+use crate::cpu::{dot, exp, max, simd, sum16};
 use crate::error::shape_err;
 use crate::graph::{backward_fn, BackwardCtx, Grad};
 use crate::{Graph, Result, Tensor};
@@ -178,13 +178,15 @@ pub(crate) mod cpu {
             );
     }
 
-    /// Turns the visible part of a score row into softmax probabilities (masked part: 0) and
-    /// returns its log-sum-exp.
+    /// Turns the visible part of a row of unscaled scores into softmax probabilities of the
+    /// scaled scores `scale · row` (masked part: 0) and returns their log-sum-exp. The
+    /// scaling is the epilogue of the score product, done here in the pass that takes the
+    /// row's maximum instead of in a pass of its own: `scale · p` is the one rounding the
+    /// GEMM would have made, so the bits are those of a product scaled by the GEMM.
     #[inline(always)]
-    pub(crate) fn softmax_row(row: &mut [f32], visible: usize) -> f32 {
-        let m = max(&row[..visible]);
-        let span = exp_visible(row, visible, m);
-        let l = sum(&row[..visible]);
+    pub(crate) fn softmax_row(row: &mut [f32], visible: usize, scale: f32) -> f32 {
+        let m = scale_max(&mut row[..visible], scale);
+        let (span, l) = exp_sum_visible(row, visible, m);
         let inv = 1.0 / l;
         for_lanes(&mut row[..span], |x| *x *= inv);
         // (+0 again past `visible`, where a NaN `inv` would have left NaN)
@@ -192,15 +194,61 @@ pub(crate) mod cpu {
         m + l.ln()
     }
 
-    /// `row[j] = e^(row[j] - shift)` for `j < visible`, `+0` past it; returns the span the
-    /// exponentials ran over: `visible` rounded up to whole 16-lane groups (lanes past
+    /// `x[j] = scale · x[j]`, returning `max_j x[j]` afterwards with the bits of [`max`] (the
+    /// same lane maxima, the tail folded into the lanes, the same reduction; a NaN anywhere
+    /// gives NaN) in the same pass.
+    #[inline(always)]
+    fn scale_max(x: &mut [f32], scale: f32) -> f32 {
+        #[inline(always)]
+        fn lane(m: &mut f32, v: &mut f32, scale: f32) {
+            *v *= scale;
+            // a NaN stays in its lane, for `max` of the lanes to report
+            *m = if *v > *m || v.is_nan() { *v } else { *m };
+        }
+        let full = x.len() / 16 * 16;
+        let (groups, tail) = x.split_at_mut(full);
+        let mut lanes = [f32::NEG_INFINITY; 16];
+        for g in groups.chunks_exact_mut(16) {
+            for (m, v) in lanes.iter_mut().zip(g) {
+                lane(m, v, scale);
+            }
+        }
+        for (m, v) in lanes.iter_mut().zip(tail) {
+            lane(m, v, scale);
+        }
+        max(&lanes)
+    }
+
+    /// `row[j] = e^(row[j] - shift)` for `j < visible`, `+0` past it, returning the span the
+    /// exponentials ran over (as [`exp_visible`]) and `Σ_{j < visible} row[j]` as [`sum`]
+    /// takes it (16 lane sums over whole groups, the tail in order), in one pass.
+    #[inline(always)]
+    fn exp_sum_visible(row: &mut [f32], visible: usize, shift: f32) -> (usize, f32) {
+        let span = visible.next_multiple_of(16).min(row.len());
+        let full = visible / 16 * 16;
+        let mut lanes = [0.0f32; 16];
+        for g in row[..full].chunks_exact_mut(16) {
+            for (s, x) in lanes.iter_mut().zip(g) {
+                *x = exp(*x - shift);
+                *s += *x;
+            }
+        }
+        for_lanes(&mut row[full..span], |x| *x = exp(*x - shift));
+        let tail: f32 = row[full..visible].iter().sum();
+        row[visible..].fill(0.0);
+        (span, sum16(&lanes) + tail)
+    }
+
+    /// `row[j] = e^(scale · row[j] - shift)` for `j < visible`, `+0` past it; returns the span
+    /// the exponentials ran over: `visible` rounded up to whole 16-lane groups (lanes past
     /// `visible` are computed and then zeroed), so that a causal row's ragged end costs one
     /// vector step instead of up to fifteen scalar ones. Each lane is the same `exp` as
-    /// alone, so the bits do not depend on the grouping.
+    /// alone, so the bits do not depend on the grouping; `scale · row[j]` is the score
+    /// product's epilogue (see [`softmax_row`]).
     #[inline(always)]
-    pub(crate) fn exp_visible(row: &mut [f32], visible: usize, shift: f32) -> usize {
+    pub(crate) fn exp_visible(row: &mut [f32], visible: usize, scale: f32, shift: f32) -> usize {
         let span = visible.next_multiple_of(16).min(row.len());
-        for_lanes(&mut row[..span], |x| *x = exp(*x - shift));
+        for_lanes(&mut row[..span], |x| *x = exp(scale * *x - shift));
         row[visible..].fill(0.0);
         span
     }
@@ -251,9 +299,9 @@ pub(crate) mod cpu {
             let r1 = (qb + BQ).min(t);
             let (bq, kv) = (r1 - qb, r1);
             let s = &mut s[..bq * kv];
-            mul.mul(scale, rows(q, qb, r1), rows(k, 0, kv).t(), 0.0, s);
+            mul.mul(1.0, rows(q, qb, r1), rows(k, 0, kv).t(), 0.0, s);
             for (i, row) in s.chunks_exact_mut(kv).enumerate() {
-                lse[qb + i] = softmax_row(row, qb + i + 1);
+                lse[qb + i] = softmax_row(row, qb + i + 1, scale);
             }
             let p = MatRef::row_major(s, bq, kv);
             mul.mul(1.0, p, rows(v, 0, kv), 0.0, &mut o[qb * d..r1 * d]);
@@ -348,9 +396,9 @@ pub(crate) mod cpu {
             let vm = rows(v, 0, kv);
             let dom = rows(dout, qb, r1);
             // P = exp(S - lse), masked
-            mul.mul(scale, qm, km.t(), 0.0, s);
+            mul.mul(1.0, qm, km.t(), 0.0, s);
             for (i, row) in s.chunks_exact_mut(kv).enumerate() {
-                exp_visible(row, qb + i + 1, lse[qb + i]);
+                exp_visible(row, qb + i + 1, scale, lse[qb + i]);
             }
             let pm = MatRef::row_major(s, bq, kv);
             mul.mul(1.0, pm.t(), dom, bv, &mut dv[..kv * d]);
@@ -558,9 +606,11 @@ mod tests {
         [o, dq, dk, dv]
     }
 
-    /// The softmax of a causal row over whole 16-lane groups gives, for every visible length
-    /// of rows of 64 and 70 values, the bits of the element-by-element loops it replaced
-    /// (masked lanes +0, the same log-sum-exp), with NaN and large scores included.
+    /// The softmax of a causal row of unscaled scores over whole 16-lane groups, with the
+    /// scaling, the maximum and the exponentials' sum fused into its passes, gives, for every
+    /// visible length of rows of 64 and 70 values and two scales, the bits of the
+    /// element-by-element loops it replaced (scores scaled first, masked lanes +0, the same
+    /// log-sum-exp), with NaN, large scores and a signed-zero tie for the maximum included.
     #[test]
     fn softmax_row_has_the_bits_of_the_element_loops() {
         use super::cpu::softmax_row;
@@ -569,32 +619,53 @@ mod tests {
             let scores: Vec<f32> = init::normal(len, 3.0, len as u64)
                 .into_iter()
                 .enumerate()
-                .map(|(j, x)| if j == 9 { 80.0 } else { x })
+                .map(|(j, x)| match j {
+                    9 => 80.0,
+                    3 | 40 => 1e3, // two equal maxima
+                    _ => x,
+                })
                 .collect();
-            for visible in 1..=len {
-                for nan in [false, true] {
-                    let mut row = scores.clone();
-                    if nan {
-                        row[visible / 2] = f32::NAN;
+            for scale in [1.0, 1.0 / 32f32.sqrt()] {
+                for visible in 1..=len {
+                    for nan in [false, true] {
+                        let mut row = scores.clone();
+                        if nan {
+                            row[visible / 2] = f32::NAN;
+                        }
+                        let mut want = row.clone();
+                        let (vis, masked) = want.split_at_mut(visible);
+                        vis.iter_mut().for_each(|x| *x *= scale);
+                        let m = max(vis);
+                        vis.iter_mut().for_each(|x| *x = exp(*x - m));
+                        let l = sum(vis);
+                        vis.iter_mut().for_each(|x| *x *= 1.0 / l);
+                        masked.fill(0.0);
+                        let want_lse = m + l.ln();
+                        let lse = softmax_row(&mut row, visible, scale);
+                        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+                        let case = format!("len {len}, scale {scale}, visible {visible}, {nan}");
+                        assert_eq!(bits(&row), bits(&want), "{case}");
+                        assert_eq!(lse.to_bits(), want_lse.to_bits(), "lse, {case}");
                     }
-                    let mut want = row.clone();
-                    let (vis, masked) = want.split_at_mut(visible);
-                    let m = max(vis);
-                    vis.iter_mut().for_each(|x| *x = exp(*x - m));
-                    let l = sum(vis);
-                    vis.iter_mut().for_each(|x| *x *= 1.0 / l);
-                    masked.fill(0.0);
-                    let want_lse = m + l.ln();
-                    let lse = softmax_row(&mut row, visible);
-                    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
-                    assert_eq!(
-                        bits(&row),
-                        bits(&want),
-                        "len {len}, visible {visible}, {nan}"
-                    );
-                    assert_eq!(lse.to_bits(), want_lse.to_bits(), "lse, visible {visible}");
                 }
             }
+        }
+    }
+
+    /// A row of zeros of both signs: the maximum's zero and so the log-sum-exp's bits are
+    /// those of the element loops (`max` of the unfused code).
+    #[test]
+    fn softmax_row_of_signed_zeros_matches_max() {
+        use super::cpu::softmax_row;
+        use crate::cpu::{exp, max, sum};
+        for len in [5, 16, 37] {
+            let row: Vec<f32> = (0..len)
+                .map(|j| if j % 3 == 0 { -0.0 } else { 0.0 })
+                .collect();
+            let m = max(&row);
+            let l = sum(&row.iter().map(|&x| exp(x - m)).collect::<Vec<_>>());
+            let lse = softmax_row(&mut row.clone(), len, 1.0);
+            assert_eq!(lse.to_bits(), (m + l.ln()).to_bits(), "len {len}");
         }
     }
 

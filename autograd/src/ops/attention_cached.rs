@@ -139,13 +139,13 @@ fn head(
         let kv = past + i + 1;
         let s = &mut s[..kv];
         mul.mul(
-            scale,
+            1.0,
             MatRef::row_major(&q[i * d..(i + 1) * d], 1, d),
             MatRef::row_major(&k[..kv * d], kv, d).t(),
             0.0,
             s,
         );
-        softmax_row(s, kv);
+        softmax_row(s, kv, scale);
         mul.mul(
             1.0,
             MatRef::row_major(s, 1, kv),
