@@ -227,13 +227,16 @@ fn run_config(a: &RunArgs) -> Result<RunConfig> {
         (None, Some(name)) => RunConfig::preset(name)?,
         (None, None) => RunConfig::preset("small")?,
     };
+    // what the flags adjusted, said only once the configuration is known to be valid (a
+    // note about a run that is then refused only confuses)
+    let mut notes = Vec::new();
     if let Some(s) = a.steps {
         cfg.train.steps = s;
         if cfg.train.warmup_steps > s {
-            println!(
+            notes.push(format!(
                 "note: --steps {s} is below train.warmup_steps ({}): the warmup takes the whole run (the divergence guard still watches it, against the first step's loss)",
                 cfg.train.warmup_steps
-            );
+            ));
             cfg.train.warmup_steps = s;
         }
     }
@@ -249,15 +252,18 @@ fn run_config(a: &RunArgs) -> Result<RunConfig> {
         if let DataSource::Tokenized { vocab_size, .. } = &cfg.data {
             let v = *vocab_size as usize;
             if cfg.model.vocab != v {
-                println!(
+                notes.push(format!(
                     "note: model vocabulary {} -> {v}, the tokenizer's ({d})",
                     cfg.model.vocab
-                );
+                ));
                 cfg.model.vocab = v;
             }
         }
     }
     cfg.validate()?;
+    for n in notes {
+        println!("{n}");
+    }
     Ok(cfg)
 }
 

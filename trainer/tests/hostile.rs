@@ -321,6 +321,12 @@ fn messages_name_the_real_problem() {
     assert_eq!(err.matches("No such file").count(), 1, "{err}");
     let err = fails_with(&["sample", "/nonexistent"], "not a checkpoint");
     assert_eq!(err.lines().count(), 1, "{err}");
+    // a run refused for its settings gets no note on how those settings were adjusted
+    let o = trainer(&["train", "--steps", "0", "--quiet"]);
+    assert!(!o.status.success());
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(!out.contains("note:"), "{out}");
+    assert!(stderr(&o).contains("train.steps"), "{}", stderr(&o));
     // a `latest` naming a missing directory
     let run = tmp.path().join("run");
     let ck = tiny_run(&run, TINY);
