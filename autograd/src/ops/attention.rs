@@ -179,14 +179,17 @@ pub(crate) mod cpu {
     }
 
     /// Turns the visible part of a row of unscaled scores into softmax probabilities of the
-    /// scaled scores `scale · row` (masked part: 0) and returns their log-sum-exp. The
-    /// scaling is the epilogue of the score product, done here in the pass that takes the
-    /// row's maximum instead of in a pass of its own: `scale · p` is the one rounding the
-    /// GEMM would have made, so the bits are those of a product scaled by the GEMM.
+    /// scaled scores `scale · row` (`scale > 0`; masked part: 0) and returns their
+    /// log-sum-exp. The scaling is the epilogue of the score product, done here inside the
+    /// exponentials' pass instead of in a pass of its own: `scale · p` is the one rounding the
+    /// GEMM would have made, so the bits are those of a product scaled by the GEMM. The
+    /// maximum of the scaled scores is the scaled maximum, bit for bit: rounding is monotonic
+    /// and `scale` positive.
     #[inline(always)]
     pub(crate) fn softmax_row(row: &mut [f32], visible: usize, scale: f32) -> f32 {
-        let m = scale_max(&mut row[..visible], scale);
-        let (span, l) = exp_sum_visible(row, visible, m);
+        debug_assert!(scale > 0.0);
+        let m = scale * max(&row[..visible]);
+        let (span, l) = exp_visible(row, visible, scale, m);
         let inv = 1.0 / l;
         for_lanes(&mut row[..span], |x| *x *= inv);
         // (+0 again past `visible`, where a NaN `inv` would have left NaN)
@@ -194,63 +197,35 @@ pub(crate) mod cpu {
         m + l.ln()
     }
 
-    /// `x[j] = scale · x[j]`, returning `max_j x[j]` afterwards with the bits of [`max`] (the
-    /// same lane maxima, the tail folded into the lanes, the same reduction; a NaN anywhere
-    /// gives NaN) in the same pass.
+    /// `row[j] = e^(scale · row[j] - shift)` for `j < visible`, `+0` past it; returns the span
+    /// the exponentials ran over and `Σ_{j < visible} row[j]` afterwards, as [`crate::cpu::sum`]
+    /// takes it (16 lane sums over whole groups, the tail in order), from the same pass. The
+    /// span is `visible` rounded up to whole 16-lane groups (lanes past `visible` are computed
+    /// and then zeroed), so that a causal row's ragged end costs one vector step instead of
+    /// up to fifteen scalar ones. Each lane is the same `exp` as alone, so the bits do not
+    /// depend on the grouping; `scale · row[j]` is the score product's epilogue (see
+    /// [`softmax_row`]). Where the sum is unused (the backward), inlining drops it.
     #[inline(always)]
-    fn scale_max(x: &mut [f32], scale: f32) -> f32 {
-        #[inline(always)]
-        fn lane(m: &mut f32, v: &mut f32, scale: f32) {
-            *v *= scale;
-            // a NaN stays in its lane, for `max` of the lanes to report
-            *m = if *v > *m || v.is_nan() { *v } else { *m };
-        }
-        let full = x.len() / 16 * 16;
-        let (groups, tail) = x.split_at_mut(full);
-        let mut lanes = [f32::NEG_INFINITY; 16];
-        for g in groups.chunks_exact_mut(16) {
-            for (m, v) in lanes.iter_mut().zip(g) {
-                lane(m, v, scale);
-            }
-        }
-        for (m, v) in lanes.iter_mut().zip(tail) {
-            lane(m, v, scale);
-        }
-        max(&lanes)
-    }
-
-    /// `row[j] = e^(row[j] - shift)` for `j < visible`, `+0` past it, returning the span the
-    /// exponentials ran over (as [`exp_visible`]) and `Σ_{j < visible} row[j]` as [`sum`]
-    /// takes it (16 lane sums over whole groups, the tail in order), in one pass.
-    #[inline(always)]
-    fn exp_sum_visible(row: &mut [f32], visible: usize, shift: f32) -> (usize, f32) {
+    pub(crate) fn exp_visible(
+        row: &mut [f32],
+        visible: usize,
+        scale: f32,
+        shift: f32,
+    ) -> (usize, f32) {
         let span = visible.next_multiple_of(16).min(row.len());
         let full = visible / 16 * 16;
+        let e = |x: &mut f32| *x = exp(scale * *x - shift);
         let mut lanes = [0.0f32; 16];
         for g in row[..full].chunks_exact_mut(16) {
             for (s, x) in lanes.iter_mut().zip(g) {
-                *x = exp(*x - shift);
+                e(x);
                 *s += *x;
             }
         }
-        for_lanes(&mut row[full..span], |x| *x = exp(*x - shift));
+        for_lanes(&mut row[full..span], e);
         let tail: f32 = row[full..visible].iter().sum();
         row[visible..].fill(0.0);
         (span, sum16(&lanes) + tail)
-    }
-
-    /// `row[j] = e^(scale · row[j] - shift)` for `j < visible`, `+0` past it; returns the span
-    /// the exponentials ran over: `visible` rounded up to whole 16-lane groups (lanes past
-    /// `visible` are computed and then zeroed), so that a causal row's ragged end costs one
-    /// vector step instead of up to fifteen scalar ones. Each lane is the same `exp` as
-    /// alone, so the bits do not depend on the grouping; `scale · row[j]` is the score
-    /// product's epilogue (see [`softmax_row`]).
-    #[inline(always)]
-    pub(crate) fn exp_visible(row: &mut [f32], visible: usize, scale: f32, shift: f32) -> usize {
-        let span = visible.next_multiple_of(16).min(row.len());
-        for_lanes(&mut row[..span], |x| *x = exp(scale * *x - shift));
-        row[visible..].fill(0.0);
-        span
     }
 
     /// `f` on every element of `x`, 16 at a time (one vector step each), the rest alone.
