@@ -582,7 +582,7 @@ mod tests {
     }
 
     /// The softmax of a causal row of unscaled scores over whole 16-lane groups, with the
-    /// scaling, the maximum and the exponentials' sum fused into its passes, gives, for every
+    /// scaling and the exponentials' sum fused into the `exp` pass, gives, for every
     /// visible length of rows of 64 and 70 values and two scales, the bits of the
     /// element-by-element loops it replaced (scores scaled first, masked lanes +0, the same
     /// log-sum-exp), with NaN, large scores and a signed-zero tie for the maximum included.
