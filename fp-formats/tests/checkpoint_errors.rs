@@ -454,3 +454,55 @@ fn corrupted_quantized_files_never_panic() {
     }
     assert!(ok > 0 && err > 0, "{ok} loaded, {err} refused");
 }
+
+/// The message of `e` followed by those of its causes, as error reporters print it
+/// (`anyhow`'s `{:#}`: joined with ": ").
+fn with_causes(e: &dyn std::error::Error) -> String {
+    let mut parts = vec![e.to_string()];
+    let mut cause = e.source();
+    while let Some(c) = cause {
+        parts.push(c.to_string());
+        cause = c.source();
+    }
+    parts.join(": ")
+}
+
+#[test]
+fn underlying_errors_are_reported_once() {
+    let d = TempDir::new("once");
+    // I/O: a missing input
+    let e = quantize(&d.0.join("missing.safetensors"), &d.0.join("o1")).unwrap_err();
+    assert!(matches!(e, CheckpointError::Io { .. }), "{e}");
+    // the safetensors parser: a header that is not JSON
+    let mut bad = serialize(vec![(
+        "model.layers.0.mlp.up_proj.weight",
+        Dtype::F32,
+        vec![1, 16],
+        vec![0u8; 64],
+    )]);
+    bad[8] = b'#';
+    let corrupt = d.0.join("corrupt.safetensors");
+    std::fs::write(&corrupt, &bad).unwrap();
+    let e2 = quantize(&corrupt, &d.0.join("o2")).unwrap_err();
+    assert!(matches!(e2, CheckpointError::Corrupt { .. }), "{e2}");
+    // JSON: a folder whose config.json does not parse
+    let folder = d.0.join("folder");
+    std::fs::create_dir_all(&folder).unwrap();
+    good_input(&folder);
+    std::fs::write(folder.join("config.json"), "{ not json").unwrap();
+    let e3 = quantize(&folder, &d.0.join("o3")).unwrap_err();
+    assert!(matches!(e3, CheckpointError::Json { .. }), "{e3}");
+    for (e, cause) in [
+        (&e, "No such file"),
+        (&e2, "invalid JSON in header"),
+        (&e3, "key must be a string"),
+    ] {
+        let said = with_causes(e);
+        assert_eq!(said.matches(cause).count(), 1, "{said}");
+        assert_eq!(
+            said,
+            e.to_string(),
+            "the cause is in the message, not a source()"
+        );
+    }
+}

@@ -83,7 +83,7 @@ pub use quantize::{DeviceQuantized, QuantJob};
 pub enum KernelError {
     /// A CUDA driver call failed.
     #[error("CUDA driver: {0}")]
-    Driver(#[from] cudarc::driver::DriverError),
+    Driver(cudarc::driver::DriverError),
     /// The driver could not load (JIT-compile) a PTX module; `log` holds the JIT compiler's
     /// error and info logs (empty when the driver gave none).
     #[error("loading the {module} PTX ({arch}) failed: {error}; JIT log: {log}")]
@@ -99,7 +99,7 @@ pub enum KernelError {
     },
     /// A cuBLASLt call failed (e.g. `CUBLAS_STATUS_NOT_SUPPORTED` from the heuristic query).
     #[error("cuBLASLt: {0}")]
-    Blas(#[from] cudarc::cublaslt::result::CublasError),
+    Blas(cudarc::cublaslt::result::CublasError),
     /// The same configuration or shape error `quant` reports.
     #[error(transparent)]
     Quant(#[from] quant::QuantError),
@@ -119,6 +119,20 @@ pub enum KernelError {
     /// A configuration the GPU path does not implement (named in the message).
     #[error("not supported on the GPU path: {0}")]
     Unsupported(String),
+}
+
+// Not `#[from]`: that would also return the driver's (cuBLASLt's) error as `source()`, and
+// reporters that print causes (`anyhow`'s `{:#}`) would say it twice.
+impl From<cudarc::driver::DriverError> for KernelError {
+    fn from(e: cudarc::driver::DriverError) -> Self {
+        KernelError::Driver(e)
+    }
+}
+
+impl From<cudarc::cublaslt::result::CublasError> for KernelError {
+    fn from(e: cudarc::cublaslt::result::CublasError) -> Self {
+        KernelError::Blas(e)
+    }
 }
 
 /// `Result` with [`KernelError`].

@@ -108,9 +108,9 @@ impl AnyCheckpoint {
             AnyCheckpoint::Pretrain(c) => c.apply(ps),
             AnyCheckpoint::Rl(c) => {
                 ps.import(&c.tensors)
-                    .map_err(|source| CheckpointError::Mismatch {
+                    .map_err(|error| CheckpointError::Mismatch {
                         path: c.dir.join(checkpoint::TENSORS_FILE),
-                        source,
+                        error,
                     })
             }
         }

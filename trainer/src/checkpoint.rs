@@ -35,12 +35,12 @@ pub const STATE_VERSION: u32 = 1;
 #[derive(Debug, thiserror::Error)]
 pub enum CheckpointError {
     /// File-system error.
-    #[error("{path}")]
+    #[error("{path}: {error}")]
     Io {
         /// The file or directory.
         path: PathBuf,
         /// The underlying error.
-        source: std::io::Error,
+        error: std::io::Error,
     },
     /// Neither a checkpoint directory nor a run directory with a `latest` file.
     #[error("{0}: not a checkpoint (no state.json) and no `latest` file naming one")]
@@ -81,19 +81,19 @@ pub enum CheckpointError {
         message: String,
     },
     /// The tensors do not fit the model (missing, unknown or wrong-shaped parameters).
-    #[error("{path}: tensors do not fit the model")]
+    #[error("{path}: tensors do not fit the model: {error}")]
     Mismatch {
         /// The file.
         path: PathBuf,
         /// What autograd said.
-        source: autograd::Error,
+        error: autograd::Error,
     },
 }
 
 fn io(path: &Path) -> impl FnOnce(std::io::Error) -> CheckpointError + '_ {
-    move |source| CheckpointError::Io {
+    move |error| CheckpointError::Io {
         path: path.to_path_buf(),
-        source,
+        error,
     }
 }
 
@@ -303,7 +303,7 @@ fn sync_dir(dir: &Path) -> Result<(), CheckpointError> {
         }
         Err(e) => Err(CheckpointError::Io {
             path: dir.to_path_buf(),
-            source: e,
+            error: e,
         }),
     }
 }
@@ -503,10 +503,7 @@ impl Checkpoint {
     pub fn apply(&self, ps: &mut ParamStore) -> Result<(), CheckpointError> {
         let tpath = self.dir.join(TENSORS_FILE);
         ps.import(&self.tensors)
-            .map_err(|source| CheckpointError::Mismatch {
-                path: tpath,
-                source,
-            })?;
+            .map_err(|error| CheckpointError::Mismatch { path: tpath, error })?;
         restore_quant_states(ps, &self.state.quant_states, &self.dir.join(STATE_FILE))
     }
 }

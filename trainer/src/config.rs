@@ -22,12 +22,12 @@ pub enum ConfigError {
     #[error(transparent)]
     Model(#[from] ModelError),
     /// The configuration file could not be read.
-    #[error("{path}")]
+    #[error("{path}: {error}")]
     Io {
         /// The file.
         path: PathBuf,
         /// The underlying error.
-        source: std::io::Error,
+        error: std::io::Error,
     },
     /// The run does not fit in memory (the message carries the estimate).
     #[error(transparent)]
@@ -200,9 +200,9 @@ impl RunConfig {
 
     /// Reads a run TOML file.
     pub fn from_file(path: &Path) -> Result<RunConfig, ConfigError> {
-        let text = fs::read_to_string(path).map_err(|source| ConfigError::Io {
+        let text = fs::read_to_string(path).map_err(|error| ConfigError::Io {
             path: path.to_path_buf(),
-            source,
+            error,
         })?;
         Self::from_toml_str(&text).map_err(|e| match e {
             ConfigError::Invalid(m) => ConfigError::Invalid(format!("{}: {m}", path.display())),

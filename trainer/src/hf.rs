@@ -58,12 +58,12 @@ pub enum HfError {
         message: String,
     },
     /// An I/O error.
-    #[error("{}: {source}", path.display())]
+    #[error("{}: {error}", path.display())]
     Io {
         /// The file or directory.
         path: PathBuf,
         /// The error.
-        source: std::io::Error,
+        error: std::io::Error,
     },
     /// Writing, quantizing or reading safetensors failed.
     #[error(transparent)]
@@ -77,13 +77,21 @@ pub enum HfError {
     TooLarge(#[from] crate::memory::TooLarge),
     /// Activation calibration failed.
     #[error("calibration: {0}")]
-    Calibrate(#[from] crate::calibrate::CalibrateError),
+    Calibrate(crate::calibrate::CalibrateError),
+}
+
+// Not `#[from]`: that would also return the calibration error as `source()`, and reporters
+// that print causes (`anyhow`'s `{:#}`) would say it twice.
+impl From<crate::calibrate::CalibrateError> for HfError {
+    fn from(e: crate::calibrate::CalibrateError) -> Self {
+        HfError::Calibrate(e)
+    }
 }
 
 fn io(path: &Path) -> impl FnOnce(std::io::Error) -> HfError + '_ {
-    move |source| HfError::Io {
+    move |error| HfError::Io {
         path: path.to_path_buf(),
-        source,
+        error,
     }
 }
 

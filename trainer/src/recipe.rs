@@ -273,12 +273,12 @@ pub enum RecipeError {
     },
     /// A recipe file could not be read (also: a spec that looks like a path but names no
     /// file).
-    #[error("recipe file {path}")]
+    #[error("recipe file {path}: {error}")]
     Io {
         /// The file.
         path: PathBuf,
         /// The underlying error.
-        source: std::io::Error,
+        error: std::io::Error,
     },
 }
 
@@ -605,7 +605,7 @@ impl Recipe {
     pub fn from_file(path: &Path) -> Result<Recipe, RecipeError> {
         let text = std::fs::read_to_string(path).map_err(|e| RecipeError::Io {
             path: path.to_path_buf(),
-            source: e,
+            error: e,
         })?;
         Recipe::from_toml_str(&text)
     }

@@ -136,9 +136,9 @@ fn mean_curves(groups: Vec<(String, Vec<Curve>)>) -> Vec<(String, Curve)> {
 }
 
 fn io_err(path: &Path) -> impl FnOnce(std::io::Error) -> TrainError + '_ {
-    move |source| TrainError::Io {
+    move |error| TrainError::Io {
         path: path.to_path_buf(),
-        source,
+        error,
     }
 }
 
@@ -181,7 +181,7 @@ pub fn plot_lines(
     let pad = ((y1 - y0) * 0.05).max(1e-3);
     let perr = |e: String| TrainError::Io {
         path: path.to_path_buf(),
-        source: std::io::Error::other(e),
+        error: std::io::Error::other(e),
     };
     let root = SVGBackend::new(path, (900, 560)).into_drawing_area();
     root.fill(&WHITE).map_err(|e| perr(e.to_string()))?;

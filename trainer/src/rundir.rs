@@ -342,19 +342,19 @@ pub enum StageError {
     #[error("{}: not a directory name", .0.display())]
     BadPath(PathBuf),
     /// File-system error.
-    #[error("{}: {source}", path.display())]
+    #[error("{}: {error}", path.display())]
     Io {
         /// The file or directory.
         path: PathBuf,
         /// The error.
-        source: std::io::Error,
+        error: std::io::Error,
     },
 }
 
 fn stage_io(path: &Path) -> impl FnOnce(std::io::Error) -> StageError + '_ {
-    move |source| StageError::Io {
+    move |error| StageError::Io {
         path: path.to_path_buf(),
-        source,
+        error,
     }
 }
 

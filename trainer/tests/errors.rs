@@ -338,3 +338,73 @@ fn cli_train_sample_compare_and_nan_exit_code() {
         );
     }
 }
+
+/// The message of `e` followed by those of its causes, as error reporters print it
+/// (`anyhow`'s `{:#}`, which the binary's `error:` line uses: joined with ": ").
+fn with_causes(e: &dyn std::error::Error) -> String {
+    let mut parts = vec![e.to_string()];
+    let mut cause = e.source();
+    while let Some(c) = cause {
+        parts.push(c.to_string());
+        cause = c.source();
+    }
+    parts.join(": ")
+}
+
+#[test]
+fn file_errors_say_their_cause_once() {
+    let tmp = tempfile::tempdir().unwrap();
+    let missing = tmp.path().join("missing");
+    let not_found = fs::read(&missing).unwrap_err().to_string();
+    // a run directory whose `latest` file is not text
+    let ck = tmp.path().join("ck");
+    fs::create_dir_all(&ck).unwrap();
+    fs::write(ck.join("latest"), b"\xff\xfe").unwrap();
+    let not_text = fs::read_to_string(ck.join("latest"))
+        .unwrap_err()
+        .to_string();
+    let errors: Vec<(Box<dyn std::error::Error>, &str)> = vec![
+        (
+            Box::new(RunConfig::from_file(&missing).unwrap_err()),
+            &not_found,
+        ),
+        (
+            Box::new(TrainError::from(
+                RunConfig::from_file(&missing).unwrap_err(),
+            )),
+            &not_found,
+        ),
+        (
+            Box::new(Recipe::from_file(&missing).unwrap_err()),
+            &not_found,
+        ),
+        (
+            Box::new(trainer::rl::plan::Plan::resolve(missing.to_str().unwrap()).unwrap_err()),
+            &not_found,
+        ),
+        (
+            Box::new(trainer::data::Tokenizer::from_file(&missing).unwrap_err()),
+            &not_found,
+        ),
+        (
+            Box::new(
+                DataSource::Text {
+                    path: missing.clone(),
+                }
+                .load()
+                .unwrap_err(),
+            ),
+            &not_found,
+        ),
+        (Box::new(checkpoint::load(&ck).unwrap_err()), &not_text),
+    ];
+    for (e, cause) in &errors {
+        let said = with_causes(e.as_ref());
+        assert_eq!(said.matches(*cause).count(), 1, "{said}");
+        assert_eq!(
+            said,
+            e.to_string(),
+            "the cause is in the message, not a source()"
+        );
+    }
+}

@@ -319,6 +319,31 @@ fn messages_name_the_real_problem() {
         "No such file",
     );
     assert_eq!(err.matches("No such file").count(), 1, "{err}");
+    let text = tmp.path().join("a.txt");
+    fs::write(&text, "some text").unwrap();
+    let out = tmp.path().join("tok");
+    for args in [
+        vec![
+            "tokenize",
+            "--out",
+            out.to_str().unwrap(),
+            "--tokenizer",
+            "/nonexistent/tokenizer.json",
+            text.to_str().unwrap(),
+        ],
+        vec![
+            "rl",
+            "--from",
+            "/nonexistent",
+            "--plan",
+            "/nonexistent/plan.toml",
+            "--out",
+            out.to_str().unwrap(),
+        ],
+    ] {
+        let err = fails_with(&args, "No such file");
+        assert_eq!(err.matches("No such file").count(), 1, "{err}");
+    }
     let err = fails_with(&["sample", "/nonexistent"], "not a checkpoint");
     assert_eq!(err.lines().count(), 1, "{err}");
     // a run refused for its settings gets no note on how those settings were adjusted

@@ -4,16 +4,20 @@ use std::path::PathBuf;
 
 /// Why a checkpoint could not be quantized or dequantized. Nothing is left in the output
 /// directory when one of these is returned.
+///
+/// Each message is whole: an underlying error (I/O, the safetensors parser, JSON) is part of
+/// the message and kept in a field, not also returned by `source()`, so reporters that print
+/// an error with its chain of causes (`anyhow`'s `{:#}`) say it once.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum CheckpointError {
     /// An I/O operation failed.
-    #[error("{}: {source}", path.display())]
+    #[error("{}: {error}", path.display())]
     Io {
         /// The file or directory concerned.
         path: PathBuf,
-        /// The underlying error.
-        source: std::io::Error,
+        /// The underlying error (in the message, so not also a `source()`).
+        error: std::io::Error,
     },
     /// The file is shorter than the 8-byte safetensors header length.
     #[error("{}: truncated safetensors file ({len} bytes; at least 8 are needed)", path.display())]
@@ -25,12 +29,12 @@ pub enum CheckpointError {
     },
     /// The safetensors header or layout is invalid (bad JSON, a header length beyond the
     /// file or above 100 MB, offsets that do not cover the data, a truncated data section).
-    #[error("{}: corrupt safetensors file: {source}", path.display())]
+    #[error("{}: corrupt safetensors file: {error}", path.display())]
     Corrupt {
         /// The file.
         path: PathBuf,
-        /// What the safetensors parser reported.
-        source: safetensors::SafeTensorError,
+        /// What the safetensors parser reported (in the message).
+        error: safetensors::SafeTensorError,
     },
     /// A selected tensor has a dtype other than F32, BF16 or F16.
     #[error("{}: tensor `{tensor}` has dtype {dtype}; only F32, BF16 and F16 weights can be quantized", path.display())]
@@ -84,12 +88,12 @@ pub enum CheckpointError {
     #[error("{}: no .safetensors file found", .0.display())]
     NoInput(PathBuf),
     /// A JSON side file (`config.json`, the shard index) is not valid JSON.
-    #[error("{}: {source}", path.display())]
+    #[error("{}: {error}", path.display())]
     Json {
         /// The file.
         path: PathBuf,
-        /// The parser's error.
-        source: serde_json::Error,
+        /// The parser's error (in the message).
+        error: serde_json::Error,
     },
     /// The options do not make sense together.
     #[error("{0}")]
@@ -99,6 +103,6 @@ pub enum CheckpointError {
 impl CheckpointError {
     pub(crate) fn io(path: impl Into<PathBuf>) -> impl FnOnce(std::io::Error) -> Self {
         let path = path.into();
-        move |source| CheckpointError::Io { path, source }
+        move |error| CheckpointError::Io { path, error }
     }
 }

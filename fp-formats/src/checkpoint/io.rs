@@ -47,9 +47,9 @@ impl InputFile {
         // is not truncated by another process while it is being read.
         let mmap = unsafe { Mmap::map(&file) }.map_err(CheckpointError::io(path))?;
         let (n, meta) =
-            SafeTensors::read_metadata(&mmap).map_err(|source| CheckpointError::Corrupt {
+            SafeTensors::read_metadata(&mmap).map_err(|error| CheckpointError::Corrupt {
                 path: path.into(),
-                source,
+                error,
             })?;
         let start = 8 + n;
         let mut tensors: Vec<InTensor> = meta

@@ -360,9 +360,9 @@ impl Drop for Staging {
 
 fn read_json(path: &Path) -> Result<Value, CheckpointError> {
     let text = fs::read_to_string(path).map_err(CheckpointError::io(path))?;
-    serde_json::from_str(&text).map_err(|source| CheckpointError::Json {
+    serde_json::from_str(&text).map_err(|error| CheckpointError::Json {
         path: path.into(),
-        source,
+        error,
     })
 }
 

@@ -68,10 +68,10 @@ pub struct Shard {
     pub layout: ShardLayout,
 }
 
-fn io_err(path: &Path, source: std::io::Error) -> DataError {
+fn io_err(path: &Path, error: std::io::Error) -> DataError {
     DataError::Io {
         path: path.to_path_buf(),
-        source,
+        error,
     }
 }
 

@@ -33,12 +33,12 @@ pub const MIN_BPE_VOCAB: u32 = 257;
 #[derive(Debug, thiserror::Error)]
 pub enum TokenizerError {
     /// A file could not be read or written.
-    #[error("{}: {source}", path.display())]
+    #[error("{}: {error}", path.display())]
     Io {
         /// The file.
         path: PathBuf,
         /// The error.
-        source: std::io::Error,
+        error: std::io::Error,
     },
     /// A `tokenizer.json` that does not parse, is too large, or is not a byte-level BPE.
     #[error("{origin}: {message}")]
@@ -142,9 +142,9 @@ impl Tokenizer {
         }
         let mut total = 0u128;
         for f in files {
-            let md = std::fs::metadata(f).map_err(|source| TokenizerError::Io {
+            let md = std::fs::metadata(f).map_err(|error| TokenizerError::Io {
                 path: f.clone(),
-                source,
+                error,
             })?;
             total += u128::from(md.len());
         }
@@ -179,9 +179,9 @@ impl Tokenizer {
     /// byte-level BPE (a `BPE` model with the `ByteLevel` pre-tokenizer) with at most
     /// [`MAX_BPE_VOCAB`] tokens.
     pub fn from_file(path: &Path) -> Result<Tokenizer, TokenizerError> {
-        let io = |source| TokenizerError::Io {
+        let io = |error| TokenizerError::Io {
             path: path.to_path_buf(),
-            source,
+            error,
         };
         let len = std::fs::metadata(path).map_err(io)?.len();
         if len > MAX_TOKENIZER_JSON_BYTES {

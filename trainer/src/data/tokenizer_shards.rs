@@ -42,9 +42,9 @@ pub struct TokenizeReport {
 }
 
 fn io(path: &Path) -> impl FnOnce(std::io::Error) -> TokenizerError + '_ {
-    move |source| TokenizerError::Io {
+    move |error| TokenizerError::Io {
         path: path.to_path_buf(),
-        source,
+        error,
     }
 }
 
@@ -170,9 +170,9 @@ pub fn tokenize_files(
 
 /// The shards of a tokenized folder, in order (`shard_*.bin`).
 pub fn shard_paths(dir: &Path) -> Result<Vec<PathBuf>, DataError> {
-    let entries = fs::read_dir(dir).map_err(|source| DataError::Io {
+    let entries = fs::read_dir(dir).map_err(|error| DataError::Io {
         path: dir.to_path_buf(),
-        source,
+        error,
     })?;
     let mut v: Vec<PathBuf> = entries
         .filter_map(|e| e.ok().map(|e| e.path()))

@@ -230,12 +230,12 @@ pub enum RlError {
     #[error(transparent)]
     Memory(#[from] crate::memory::TooLarge),
     /// A file.
-    #[error("{path}: {source}")]
+    #[error("{path}: {error}")]
     Io {
         /// The file.
         path: PathBuf,
         /// The error.
-        source: std::io::Error,
+        error: std::io::Error,
     },
     /// A NaN or infinite reward, log-probability, loss or gradient, or the divergence guard
     /// ([`super::guard`]) tripped: the run stopped.
@@ -260,8 +260,8 @@ impl From<autograd::Error> for RlError {
 
 /// An I/O error with its path.
 pub fn io_err(path: &std::path::Path) -> impl FnOnce(std::io::Error) -> RlError + '_ {
-    move |source| RlError::Io {
+    move |error| RlError::Io {
         path: path.to_path_buf(),
-        source,
+        error,
     }
 }

@@ -85,25 +85,25 @@ pub enum PlanError {
     #[error("invalid plan TOML: {0}")]
     Parse(String),
     /// A stage's recipe is unknown or invalid.
-    #[error("plan '{plan}', stage {stage}: {source}")]
+    #[error("plan '{plan}', stage {stage}: {error}")]
     Recipe {
         /// The plan.
         plan: String,
         /// The stage.
         stage: &'static str,
         /// The recipe error.
-        source: RecipeError,
+        error: RecipeError,
     },
     /// A bad name.
     #[error("invalid plan: {0}")]
     Invalid(String),
     /// A plan file could not be read.
-    #[error("plan file {path}: {source}")]
+    #[error("plan file {path}: {error}")]
     Io {
         /// The file.
         path: PathBuf,
         /// The error.
-        source: std::io::Error,
+        error: std::io::Error,
     },
 }
 
@@ -171,9 +171,9 @@ impl Plan {
         }
         let path = Path::new(spec);
         if path.exists() || spec.contains('/') || spec.ends_with(".toml") {
-            let text = std::fs::read_to_string(path).map_err(|source| PlanError::Io {
+            let text = std::fs::read_to_string(path).map_err(|error| PlanError::Io {
                 path: path.into(),
-                source,
+                error,
             })?;
             return Plan::from_toml_str(&text);
         }
@@ -239,10 +239,10 @@ impl Plan {
             "rl-trainer" => &self.rl_trainer,
             _ => return Err(PlanError::Invalid(format!("no stage {stage}"))),
         };
-        let wrap = |source| PlanError::Recipe {
+        let wrap = |error| PlanError::Recipe {
             plan: self.name.clone(),
             stage,
-            source,
+            error,
         };
         let r = Recipe::resolve(spec).map_err(wrap)?;
         r.validate().map_err(wrap)?;

@@ -28,12 +28,12 @@ pub enum TrainError {
     #[error(transparent)]
     Checkpoint(#[from] CheckpointError),
     /// Output files.
-    #[error("{path}")]
+    #[error("{path}: {error}")]
     Io {
         /// The file.
         path: PathBuf,
         /// The underlying error.
-        source: std::io::Error,
+        error: std::io::Error,
     },
     /// Invalid sampling settings (temperature, token count, prompt).
     #[error("invalid sampling settings: {0}")]
@@ -88,7 +88,7 @@ impl From<ConfigError> for TrainError {
         match e {
             ConfigError::Invalid(m) => TrainError::Config(m),
             ConfigError::Model(e) => TrainError::Model(e),
-            ConfigError::Io { path, source } => TrainError::Io { path, source },
+            ConfigError::Io { path, error } => TrainError::Io { path, error },
             ConfigError::TooLarge(e) => TrainError::TooLarge(e),
             ConfigError::Schedule(e) => TrainError::Optim(e),
         }
@@ -102,8 +102,8 @@ impl From<autograd::Error> for TrainError {
 }
 
 pub(crate) fn io_err(path: &Path) -> impl FnOnce(std::io::Error) -> TrainError + '_ {
-    move |source| TrainError::Io {
+    move |error| TrainError::Io {
         path: path.to_path_buf(),
-        source,
+        error,
     }
 }
