@@ -174,8 +174,19 @@ impl DataSourceArgs {
     }
 }
 
+/// The command line, with negative numbers accepted as option values in every subcommand
+/// (`--lr -1` then reaches the setting's own check, "must be positive", instead of clap's
+/// "unexpected argument '-1'"; no option name starts with a digit).
+fn parse_cli() -> Cli {
+    fn negatives(c: clap::Command) -> clap::Command {
+        c.allow_negative_numbers(true).mut_subcommands(negatives)
+    }
+    let matches = negatives(<Cli as clap::CommandFactory>::command()).get_matches();
+    <Cli as clap::FromArgMatches>::from_arg_matches(&matches).unwrap_or_else(|e| e.exit())
+}
+
 fn main() -> std::process::ExitCode {
-    let cli = Cli::parse();
+    let cli = parse_cli();
     let result = match cli.command {
         Command::Recipes(args) => run_recipes(args),
         Command::Data(cmd) => run_data(cmd),

@@ -278,13 +278,23 @@ fn pretrain(a: &RlRunArgs, plan: &Plan, cfg: &RlConfig, out: &Path, steps: u64) 
         eprintln!("reusing the finished pretraining run {}", dir.display());
         return Ok(dir);
     }
+    // the settings first (the preset, the step count): a refused run writes nothing
+    if steps == 0 {
+        bail!("--pretrain-steps must be at least 1");
+    }
+    let mut rc = RunConfig::preset(&a.preset)?;
+    rc.train.steps = steps;
+    rc.train.seed = cfg.seed;
+    rc.train.warmup_steps = rc.train.warmup_steps.min(steps);
+    rc.train.eval_every = steps.div_ceil(4).max(1);
+    rc.validate()?;
+    let recipe: Recipe = plan.recipe("pretrain")?;
     let how = match (&a.tokenizer, a.bpe_vocab) {
         (Some(p), _) => MixTokenizer::File(p.clone()),
         (None, Some(v)) => MixTokenizer::Train(v),
         (None, None) => MixTokenizer::Bytes,
     };
     let (data, tok) = pretrain_data(cfg.task, cfg.seed, 50_000, 200_000, out, &how)?;
-    let mut rc = RunConfig::preset(&a.preset)?;
     if !tok.is_bytes() {
         eprintln!(
             "the mix is encoded with {}; model vocabulary {} -> {}",
@@ -294,12 +304,7 @@ fn pretrain(a: &RlRunArgs, plan: &Plan, cfg: &RlConfig, out: &Path, steps: u64) 
         );
         rc.model.vocab = tok.vocab_size() as usize;
     }
-    rc.train.steps = steps;
-    rc.train.seed = cfg.seed;
-    rc.train.warmup_steps = rc.train.warmup_steps.min(steps);
-    rc.train.eval_every = steps.div_ceil(4).max(1);
     rc.data = data;
-    let recipe: Recipe = plan.recipe("pretrain")?;
     eprintln!(
         "pretraining {} ({} steps, recipe {}) on the {} mix -> {}",
         a.preset,
@@ -352,6 +357,9 @@ fn run_rl_run(a: RlRunArgs) -> Result<()> {
         let Some(out) = a.out.clone() else {
             bail!("trainer rl needs --out DIR (or --resume DIR)");
         };
+        if out.exists() && !out.is_dir() {
+            bail!("--out {}: not a directory", out.display());
+        }
         let plan = Plan::resolve(&a.plan)?;
         dev = device_cmd::resolve(
             a.device,

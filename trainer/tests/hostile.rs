@@ -516,3 +516,56 @@ fn inconsistent_batcher_states_are_typed_errors() {
     let e = Trainer::resume(&run, opts(&run)).err().unwrap();
     assert!(e.to_string().contains("do not fit a run of 6 steps"), "{e}");
 }
+
+/// `trainer rl --pretrain-steps` checks its settings (steps, preset, tokenizer, `--out`)
+/// before it writes anything: a refused run leaves no directory behind.
+#[test]
+fn refused_rl_pretraining_writes_nothing() {
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("run");
+    let out_s = out.to_str().unwrap();
+    for (extra, needle) in [
+        (
+            vec!["--pretrain-steps", "0"],
+            "--pretrain-steps must be at least 1",
+        ),
+        (
+            vec!["--pretrain-steps", "5", "--preset", "huge"],
+            "unknown model preset",
+        ),
+        (
+            vec!["--pretrain-steps", "5", "--bpe-vocab", "3"],
+            "a BPE vocabulary needs",
+        ),
+        (
+            vec![
+                "--pretrain-steps",
+                "5",
+                "--tokenizer",
+                "/nonexistent/t.json",
+            ],
+            "No such file",
+        ),
+        // a negative value reaches the setting's own check (not clap's "unexpected argument")
+        (
+            vec!["--pretrain-steps", "5", "--lr", "-1"],
+            "must be positive",
+        ),
+    ] {
+        let mut args = vec!["rl", "--out", out_s, "--quiet"];
+        args.extend(extra);
+        fails_with(&args, needle);
+        assert!(!out.exists(), "{args:?} left {}", out.display());
+    }
+    let file = tmp.path().join("a-file");
+    fs::write(&file, "x").unwrap();
+    let args = [
+        "rl",
+        "--pretrain-steps",
+        "5",
+        "--out",
+        file.to_str().unwrap(),
+    ];
+    fails_with(&args, "not a directory");
+    assert_eq!(fs::read_to_string(&file).unwrap(), "x");
+}

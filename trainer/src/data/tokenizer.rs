@@ -103,6 +103,28 @@ pub struct BpeTrainOptions {
     pub min_frequency: u64,
 }
 
+impl BpeTrainOptions {
+    /// Checks the settings before any work: the vocabulary size must lie in
+    /// `MIN_BPE_VOCAB..=MAX_BPE_VOCAB` ([`TokenizerError::Vocab`] otherwise).
+    ///
+    /// ```
+    /// use trainer::data::BpeTrainOptions;
+    /// assert!(BpeTrainOptions::default().validate().is_ok());
+    /// let tiny = BpeTrainOptions { vocab_size: 3, ..Default::default() };
+    /// assert!(tiny.validate().unwrap_err().to_string().contains("257..=65536"));
+    /// ```
+    pub fn validate(&self) -> Result<(), TokenizerError> {
+        if !(MIN_BPE_VOCAB..=MAX_BPE_VOCAB).contains(&self.vocab_size) {
+            return Err(TokenizerError::Vocab(format!(
+                "a BPE vocabulary needs {MIN_BPE_VOCAB}..={MAX_BPE_VOCAB} tokens (the 256 bytes \
+                 and the merges; uint16 shards), got {}",
+                self.vocab_size
+            )));
+        }
+        Ok(())
+    }
+}
+
 impl Default for BpeTrainOptions {
     fn default() -> Self {
         BpeTrainOptions {
@@ -130,13 +152,7 @@ impl Tokenizer {
         use tokenizers::models::TrainerWrapper;
         use tokenizers::pre_tokenizers::byte_level::ByteLevel;
 
-        if !(MIN_BPE_VOCAB..=MAX_BPE_VOCAB).contains(&opts.vocab_size) {
-            return Err(TokenizerError::Vocab(format!(
-                "a BPE vocabulary needs {MIN_BPE_VOCAB}..={MAX_BPE_VOCAB} tokens (the 256 bytes \
-                 and the merges; uint16 shards), got {}",
-                opts.vocab_size
-            )));
-        }
+        opts.validate()?;
         if files.is_empty() {
             return Err(TokenizerError::Training("no input files".into()));
         }

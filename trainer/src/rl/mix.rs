@@ -44,31 +44,39 @@ pub fn pretrain_data(
     out: &Path,
     how: &MixTokenizer,
 ) -> Result<(DataSource, Tokenizer), RlError> {
-    std::fs::create_dir_all(out).map_err(io_err(out))?;
-    let mix_path = out.join(MIX_FILE);
-    let mix = task.mix(seed, examples, corpus_bytes);
-    crate::rundir::write_atomic(&mix_path, mix.as_bytes()).map_err(io_err(&mix_path))?;
-    let mix_path = std::fs::canonicalize(&mix_path).map_err(io_err(&mix_path))?;
-    let tok = match how {
-        MixTokenizer::Bytes => {
-            return Ok((DataSource::Text { path: mix_path }, Tokenizer::Bytes));
-        }
+    // the tokenizer's settings first: a refused run writes nothing
+    let bpe = BpeTrainOptions {
+        vocab_size: match how {
+            MixTokenizer::Train(vocab) => *vocab,
+            _ => BpeTrainOptions::default().vocab_size,
+        },
+        min_frequency: 2,
+    };
+    bpe.validate().map_err(invalid)?;
+    let given = match how {
         MixTokenizer::File(p) => {
             let f = if p.is_dir() {
                 p.join(TOKENIZER_FILE)
             } else {
                 p.clone()
             };
-            Tokenizer::from_file(&f).map_err(invalid)?
+            Some(Tokenizer::from_file(&f).map_err(invalid)?)
         }
-        MixTokenizer::Train(vocab) => Tokenizer::train_bpe(
-            std::slice::from_ref(&mix_path),
-            &BpeTrainOptions {
-                vocab_size: *vocab,
-                min_frequency: 2,
-            },
-        )
-        .map_err(invalid)?,
+        _ => None,
+    };
+    std::fs::create_dir_all(out).map_err(io_err(out))?;
+    let mix_path = out.join(MIX_FILE);
+    let mix = task.mix(seed, examples, corpus_bytes);
+    crate::rundir::write_atomic(&mix_path, mix.as_bytes()).map_err(io_err(&mix_path))?;
+    let mix_path = std::fs::canonicalize(&mix_path).map_err(io_err(&mix_path))?;
+    let tok = match (how, given) {
+        (MixTokenizer::Bytes, _) => {
+            return Ok((DataSource::Text { path: mix_path }, Tokenizer::Bytes));
+        }
+        (_, Some(tok)) => tok,
+        (_, None) => {
+            Tokenizer::train_bpe(std::slice::from_ref(&mix_path), &bpe).map_err(invalid)?
+        }
     };
     let codec = TaskCodec::new(tok.clone(), tok.vocab_size() as usize)?;
     let check: Vec<_> = task
