@@ -382,13 +382,32 @@ pub struct StagedDir {
 }
 
 impl StagedDir {
-    /// Creates the hidden sibling of `out` (which must be absent or an empty directory).
-    pub fn new(out: &Path, tag: &str) -> Result<StagedDir, StageError> {
+    /// Whether `out` can be a staged output: absent or an empty directory, and a path with a
+    /// final component. Creates nothing: commands that work long before they write (training
+    /// a tokenizer) check their output with it first.
+    ///
+    /// ```
+    /// use trainer::rundir::{StageError, StagedDir};
+    /// let here = std::env::current_dir()?;
+    /// assert!(matches!(StagedDir::check_output(&here), Err(StageError::OutputExists(_))));
+    /// assert!(StagedDir::check_output(&here.join("no-such-output-dir")).is_ok());
+    /// # Ok::<(), std::io::Error>(())
+    /// ```
+    pub fn check_output(out: &Path) -> Result<(), StageError> {
         if out.exists()
             && !(out.is_dir() && fs::read_dir(out).map_err(stage_io(out))?.next().is_none())
         {
             return Err(StageError::OutputExists(out.to_path_buf()));
         }
+        if out.file_name().is_none() {
+            return Err(StageError::BadPath(out.to_path_buf()));
+        }
+        Ok(())
+    }
+
+    /// Creates the hidden sibling of `out` (which must pass [`StagedDir::check_output`]).
+    pub fn new(out: &Path, tag: &str) -> Result<StagedDir, StageError> {
+        Self::check_output(out)?;
         let name = out
             .file_name()
             .ok_or_else(|| StageError::BadPath(out.to_path_buf()))?

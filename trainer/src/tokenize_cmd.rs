@@ -7,7 +7,7 @@ use std::time::Instant;
 use anyhow::{bail, Result};
 use clap::Args;
 use indicatif::{ProgressBar, ProgressStyle};
-use trainer::data::tokenizer_shards::DEFAULT_SHARD_TOKENS;
+use trainer::data::tokenizer_shards::{check_shard_tokens, DEFAULT_SHARD_TOKENS};
 use trainer::data::{tokenize_files, BpeTrainOptions, Tokenizer};
 
 /// Arguments of `trainer tokenize`.
@@ -41,6 +41,9 @@ pub fn run_tokenize(args: TokenizeArgs) -> Result<()> {
     if let Some(f) = args.files.iter().find(|f| !f.is_file()) {
         bail!("{}: not a file", f.display());
     }
+    // what would refuse the output, before training a tokenizer for it
+    check_shard_tokens(args.shard_tokens)?;
+    trainer::rundir::StagedDir::check_output(&args.out)?;
     let t0 = Instant::now();
     let tok = match &args.tokenizer {
         Some(p) => Tokenizer::from_file(p)?,

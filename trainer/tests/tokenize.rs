@@ -174,6 +174,42 @@ fn bad_input_is_refused_and_nothing_is_written() {
     assert!(names.is_empty(), "{names:?}");
 }
 
+/// `trainer tokenize` refuses an output it could not write, and a bad shard size, before it
+/// spends time training a tokenizer.
+#[test]
+fn the_command_checks_its_output_before_training() {
+    let d = TempDir::new("early");
+    let files = texts(&d);
+    let taken = d.0.join("taken");
+    std::fs::create_dir_all(&taken).unwrap();
+    std::fs::write(taken.join("keep.txt"), "mine").unwrap();
+    let file = files[0].to_str().unwrap();
+    for (out, extra, needle) in [
+        (d.path("taken"), None, "the output exists and is not empty"),
+        (d.path("fresh"), Some("0"), "shards hold"),
+    ] {
+        let mut args = vec!["tokenize", "--quiet", "--vocab", "300", "--out", &out];
+        if let Some(n) = extra {
+            args.extend(["--shard-tokens", n]);
+        }
+        args.push(file);
+        let o = trainer(&args);
+        assert!(!o.status.success());
+        assert!(stderr(&o).contains(needle), "{}", stderr(&o));
+        // refused before the BPE was trained
+        assert!(
+            !stdout(&o).contains("trained a byte-level BPE"),
+            "{}",
+            stdout(&o)
+        );
+    }
+    assert_eq!(
+        std::fs::read_to_string(taken.join("keep.txt")).unwrap(),
+        "mine"
+    );
+    assert!(!d.0.join("fresh").exists());
+}
+
 fn ok(o: &std::process::Output) -> String {
     assert!(o.status.success(), "{}\n{}", stdout(o), stderr(o));
     stdout(o)

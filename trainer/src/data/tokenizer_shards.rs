@@ -89,6 +89,22 @@ fn read_utf8(f: &Path) -> Result<String, TokenizerError> {
     })
 }
 
+/// Checks a shard size before any work: `1..=`[`DEFAULT_SHARD_TOKENS`] tokens per shard.
+///
+/// ```
+/// use trainer::data::tokenizer_shards::check_shard_tokens;
+/// assert!(check_shard_tokens(1 << 20).is_ok());
+/// assert!(check_shard_tokens(0).is_err());
+/// ```
+pub fn check_shard_tokens(shard_tokens: usize) -> Result<(), TokenizerError> {
+    if shard_tokens == 0 || shard_tokens > DEFAULT_SHARD_TOKENS {
+        return Err(TokenizerError::Vocab(format!(
+            "shards hold 1..={DEFAULT_SHARD_TOKENS} tokens, got {shard_tokens}"
+        )));
+    }
+    Ok(())
+}
+
 /// Encodes UTF-8 text `files` with `tokenizer` into the new folder `out`: its
 /// `tokenizer.json` and llm.c shards of at most `shard_tokens` tokens (see the module docs).
 /// `progress` is called with the bytes of text encoded so far.
@@ -104,11 +120,7 @@ pub fn tokenize_files(
     shard_tokens: usize,
     progress: &dyn Fn(u64),
 ) -> Result<TokenizeReport, TokenizerError> {
-    if shard_tokens == 0 || shard_tokens > DEFAULT_SHARD_TOKENS {
-        return Err(TokenizerError::Vocab(format!(
-            "shards hold 1..={DEFAULT_SHARD_TOKENS} tokens, got {shard_tokens}"
-        )));
-    }
+    check_shard_tokens(shard_tokens)?;
     if tokenizer.vocab_size() > super::files::MAX_SHARD_VOCAB {
         return Err(TokenizerError::Vocab(format!(
             "a vocabulary of {} tokens does not fit uint16 shards",
