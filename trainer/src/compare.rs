@@ -158,7 +158,7 @@ impl fmt::Display for CompareEvent<'_> {
                 out,
             } => write!(
                 f,
-                "comparing {recipes} recipes x {seeds} seed(s) on {params} parameters, {steps} steps ({tokens} tokens each) -> {}",
+                "comparing {recipes} recipe(s) x {seeds} seed(s) on {params} parameters, {steps} steps ({tokens} tokens each) -> {}",
                 out.display()
             ),
             CompareEvent::Reused { seed, dir, summary } => write!(
@@ -296,6 +296,9 @@ impl Comparison {
         mut on_event: impl FnMut(CompareEvent<'_>),
     ) -> Result<CompareOutcome, CompareError> {
         self.validate()?;
+        // the data before the folder: a comparison whose data cannot be read (a mistyped
+        // --data path) leaves nothing behind
+        self.run.data.load().map_err(TrainError::from)?;
         let out = &self.out;
         let _lock = RunLock::acquire(out).map_err(TrainError::from)?;
         rundir::remove_atomic_leftovers(out).map_err(TrainError::from)?;

@@ -221,14 +221,15 @@ fn parse_data(spec: &str, vocab: usize) -> Result<DataSource> {
     }
 }
 
-fn run_config(a: &RunArgs) -> Result<RunConfig> {
+/// The run configuration of the flags, validated, and the notes on what the flags adjusted
+/// (for the caller to print once nothing else can refuse the run: a note about a run that
+/// is then refused only confuses).
+fn run_config(a: &RunArgs) -> Result<(RunConfig, Vec<String>)> {
     let mut cfg = match (&a.config, &a.preset) {
         (Some(p), _) => RunConfig::from_file(p)?,
         (None, Some(name)) => RunConfig::preset(name)?,
         (None, None) => RunConfig::preset("small")?,
     };
-    // what the flags adjusted, said only once the configuration is known to be valid (a
-    // note about a run that is then refused only confuses)
     let mut notes = Vec::new();
     if let Some(s) = a.steps {
         cfg.train.steps = s;
@@ -261,10 +262,7 @@ fn run_config(a: &RunArgs) -> Result<RunConfig> {
         }
     }
     cfg.validate()?;
-    for n in notes {
-        println!("{n}");
-    }
-    Ok(cfg)
+    Ok((cfg, notes))
 }
 
 /// `runs/NAME`, or `runs/NAME-2`, `runs/NAME-3`, ... when it exists (two runs started in
@@ -349,7 +347,10 @@ pub fn run_train(args: TrainArgs) -> Result<()> {
         }
         tr
     } else {
-        let mut cfg = run_config(&args.run)?;
+        let (mut cfg, notes) = run_config(&args.run)?;
+        for n in notes {
+            println!("{n}");
+        }
         let init = match &args.init {
             Some(dir) => {
                 let (model, tensors) = trainer::hf::load_hf(dir)?;
@@ -425,22 +426,17 @@ pub fn run_train(args: TrainArgs) -> Result<()> {
 }
 
 pub fn run_compare(args: CompareArgs) -> Result<()> {
-    let cfg = run_config(&args.run)?;
+    let (cfg, notes) = run_config(&args.run)?;
     let recipes = args
         .recipes
         .iter()
         .map(|r| Recipe::resolve(r.trim()))
         .collect::<Result<Vec<_>, _>>()?;
-    // every run on the device, one after another (nothing is written before this point)
-    let (device, line) = device_cmd::resolve(args.run.device, &recipes.iter().collect::<Vec<_>>())?;
-    println!("{line}");
-    set_threads(args.run.threads)?;
-    install_stop_handlers()?;
     let out = args
         .out
         .clone()
         .unwrap_or_else(|| unused_dir(&format!("compare-seed{}-{}", cfg.train.seed, stamp())));
-    let cmp = Comparison {
+    let mut cmp = Comparison {
         run: cfg,
         recipes,
         seeds: args.seeds,
@@ -449,8 +445,30 @@ pub fn run_compare(args: CompareArgs) -> Result<()> {
         quiet: args.run.quiet,
         overwrite: args.overwrite,
         command: std::env::args().skip(2).map(|a| format!(" {a}")).collect(),
-        device,
+        device: None,
     };
+    let explain = |e: CompareError| -> anyhow::Error {
+        match e {
+            CompareError::DuplicateRecipe { first, second, name } => anyhow::anyhow!(
+                "--recipes: {} and {} are both named '{name}' and would share one output folder; give each recipe a distinct `name`",
+                args.recipes[first].trim(),
+                args.recipes[second].trim()
+            ),
+            e => e.into(),
+        }
+    };
+    // the settings before anything is said (notes, the device) or written
+    cmp.validate().map_err(explain)?;
+    for n in notes {
+        println!("{n}");
+    }
+    // every run on the device, one after another
+    let (device, line) =
+        device_cmd::resolve(args.run.device, &cmp.recipes.iter().collect::<Vec<_>>())?;
+    println!("{line}");
+    cmp.device = device;
+    set_threads(args.run.threads)?;
+    install_stop_handlers()?;
     let outcome = match on_pool(|| {
         cmp.run(|event| match event {
             CompareEvent::Failed { .. } => eprintln!("{event}"),
@@ -464,12 +482,7 @@ pub fn run_compare(args: CompareArgs) -> Result<()> {
             );
             return Err(e.into());
         }
-        Err(CompareError::DuplicateRecipe { first, second, name }) => bail!(
-            "--recipes: {} and {} are both named '{name}' and would share one output folder; give each recipe a distinct `name`",
-            args.recipes[first].trim(),
-            args.recipes[second].trim()
-        ),
-        Err(e) => return Err(e.into()),
+        Err(e) => return Err(explain(e)),
     };
     println!("report: {}", outcome.report.display());
     let plots: Vec<String> = outcome

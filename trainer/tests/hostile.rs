@@ -156,6 +156,42 @@ fn compare_refuses_duplicate_recipe_names() {
     assert!(!out.exists());
 }
 
+/// A refused comparison says nothing about its settings first (the notes on what the flags
+/// adjusted, the device) and leaves no folder behind, also when its data cannot be read.
+#[test]
+fn refused_comparisons_say_and_write_nothing_first() {
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("cmp");
+    let out_s = out.to_str().unwrap();
+    let base = [
+        "compare",
+        "--recipes",
+        "fp32,bf16",
+        "--steps",
+        "2",
+        "--out",
+        out_s,
+    ];
+    for (extra, needle) in [
+        (["--seeds", "0"], "--seeds must be at least 1"),
+        (["--reference", "nvfp4"], "--reference nvfp4 is not among"),
+        (["--data", "/nonexistent/text.txt"], "No such file"),
+    ] {
+        let args: Vec<&str> = base.iter().chain(extra.iter()).copied().collect();
+        let o = trainer(&args);
+        assert!(!o.status.success(), "{args:?}");
+        assert!(stderr(&o).contains(needle), "{args:?}: {}", stderr(&o));
+        if !needle.contains("No such file") {
+            let said = String::from_utf8_lossy(&o.stdout);
+            assert!(
+                !said.contains("note:") && !said.contains("device:"),
+                "{said}"
+            );
+        }
+        assert!(!out.exists(), "{args:?} left {out_s}");
+    }
+}
+
 /// Item 5: recipe names become directory names and must not escape them.
 #[test]
 fn recipe_names_are_restricted_to_a_safe_character_set() {
