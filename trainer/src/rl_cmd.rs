@@ -445,8 +445,13 @@ fn run_rl_compare(c: RlCompareArgs) -> Result<()> {
             }
         }
     }
-    std::fs::create_dir_all(&c.out)?;
-    let exe = std::env::current_exe()?;
+    // what every run of the grid would fail on, before the folder is made and the runs start
+    trainer::any_checkpoint::AnyCheckpoint::load(&c.from)?;
+    if c.out.exists() && !c.out.is_dir() {
+        bail!("--out {}: not a directory", c.out.display());
+    }
+    std::fs::create_dir_all(&c.out).with_context(|| format!("--out {}", c.out.display()))?;
+    let exe = std::env::current_exe().context("locating the trainer executable")?;
     let mut pending: Vec<&GridRun> = grid.iter().collect();
     let mut running: Vec<(std::process::Child, &GridRun)> = Vec::new();
     let mut failed = Vec::new();
@@ -476,8 +481,10 @@ fn run_rl_compare(c: RlCompareArgs) -> Result<()> {
                     .arg(&r.dir)
                     .args(c.settings.to_args());
             }
-            std::fs::create_dir_all(&r.dir)?;
-            let log = std::fs::File::create(r.dir.with_extension("log"))?;
+            std::fs::create_dir_all(&r.dir).with_context(|| r.dir.display().to_string())?;
+            let log_path = r.dir.with_extension("log");
+            let log =
+                std::fs::File::create(&log_path).with_context(|| log_path.display().to_string())?;
             cmd.stdout(log.try_clone()?).stderr(log);
             eprintln!(
                 "start {} {} seed {}",

@@ -348,9 +348,6 @@ pub fn run_train(args: TrainArgs) -> Result<()> {
         tr
     } else {
         let (mut cfg, notes) = run_config(&args.run)?;
-        for n in notes {
-            println!("{n}");
-        }
         let init = match &args.init {
             Some(dir) => {
                 let (model, tensors) = trainer::hf::load_hf(dir)?;
@@ -361,6 +358,9 @@ pub fn run_train(args: TrainArgs) -> Result<()> {
             None => None,
         };
         let recipe = Recipe::resolve(&args.recipe)?;
+        for n in notes {
+            println!("{n}");
+        }
         let out = args.out.clone().unwrap_or_else(|| {
             unused_dir(&format!(
                 "{}-seed{}-{}",

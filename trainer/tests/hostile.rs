@@ -192,6 +192,35 @@ fn refused_comparisons_say_and_write_nothing_first() {
     }
 }
 
+/// `trainer rl compare` checks the starting checkpoint and the output before it makes the
+/// folder and starts the grid (every run would fail the same way); `trainer train --init`
+/// prints no note on the flags before a refused initialisation.
+#[test]
+fn refused_rl_grids_and_inits_write_and_say_nothing_first() {
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("grid");
+    let out_s = out.to_str().unwrap();
+    fails_with(
+        &[
+            "rl",
+            "compare",
+            "--from",
+            "/nonexistent",
+            "--plans",
+            "bf16",
+            "--out",
+            out_s,
+        ],
+        "not a checkpoint",
+    );
+    assert!(!out.exists());
+    let o = trainer(&["train", "--init", "/nonexistent", "--steps", "2", "--quiet"]);
+    assert!(!o.status.success());
+    assert!(stderr(&o).contains("No such file"), "{}", stderr(&o));
+    let said = String::from_utf8_lossy(&o.stdout);
+    assert!(!said.contains("note:"), "{said}");
+}
+
 /// Item 5: recipe names become directory names and must not escape them.
 #[test]
 fn recipe_names_are_restricted_to_a_safe_character_set() {
