@@ -242,7 +242,7 @@ fn run_recipes(args: RecipesArgs) -> Result<()> {
             progress,
         } => {
             let recipe = Recipe::resolve(&name)?;
-            print!("{}", recipe.to_toml());
+            // the flags before any output: a refused command prints no half answer
             if let Some(n_blocks) = plan {
                 if n_blocks == 0 || n_blocks > MAX_LAYERS {
                     bail!("--plan needs 1..={MAX_LAYERS} blocks, got {n_blocks}");
@@ -250,6 +250,9 @@ fn run_recipes(args: RecipesArgs) -> Result<()> {
                 if !(0.0..=1.0).contains(&progress) {
                     bail!("--progress {progress} must be in [0, 1]");
                 }
+            }
+            print!("{}", recipe.to_toml());
+            if let Some(n_blocks) = plan {
                 println!("\n# Plan for {n_blocks} blocks at progress {progress}:");
                 for line in recipe.plan(n_blocks, progress).lines() {
                     println!("# {line}");

@@ -221,6 +221,28 @@ fn refused_rl_grids_and_inits_write_and_say_nothing_first() {
     assert!(!said.contains("note:"), "{said}");
 }
 
+/// `trainer recipes show` checks `--plan` and `--progress` before it prints the recipe.
+#[test]
+fn recipes_show_prints_nothing_for_bad_flags() {
+    for args in [
+        ["recipes", "show", "nvfp4", "--plan", "0"],
+        ["recipes", "show", "nvfp4", "--progress", "-0.5"],
+    ] {
+        let mut args = args.to_vec();
+        if !args.contains(&"--plan") {
+            args.extend(["--plan", "4"]);
+        }
+        let o = trainer(&args);
+        assert!(!o.status.success(), "{args:?}");
+        assert!(
+            o.stdout.is_empty(),
+            "{}",
+            String::from_utf8_lossy(&o.stdout)
+        );
+        assert!(stderr(&o).starts_with("error: --p"), "{}", stderr(&o));
+    }
+}
+
 /// Item 5: recipe names become directory names and must not escape them.
 #[test]
 fn recipe_names_are_restricted_to_a_safe_character_set() {
