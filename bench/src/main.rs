@@ -51,7 +51,7 @@ enum Cmd {
     /// scaling: same-run ratios.
     Kernels {
         /// Paired rounds (the gated figures are medians over rounds).
-        #[arg(long, default_value_t = 7)]
+        #[arg(long, default_value_t = 7, value_parser = rounds())]
         rounds: usize,
         /// Write the metrics here (JSON) instead of stdout.
         #[arg(long)]
@@ -67,10 +67,10 @@ enum Cmd {
         #[arg(long, default_value = steps::PRESET)]
         preset: String,
         /// Rounds of one step per recipe (interleaved in one 2-thread process).
-        #[arg(long, default_value_t = 10)]
+        #[arg(long, default_value_t = 10, value_parser = rounds())]
         rounds: usize,
         /// Pairs of 1-thread and 2-thread FP32 child processes.
-        #[arg(long, default_value_t = 3)]
+        #[arg(long, default_value_t = 3, value_parser = rounds())]
         scaling_rounds: usize,
         /// Write the metrics here (JSON) instead of stdout.
         #[arg(long)]
@@ -86,10 +86,10 @@ enum Cmd {
         #[arg(long, value_delimiter = ',', default_value = "fp32,bf16,nvfp4")]
         recipes: Vec<String>,
         /// Untimed steps per recipe and pool.
-        #[arg(long, default_value_t = 2)]
+        #[arg(long, default_value_t = 2, value_parser = warmup_steps())]
         warmup: usize,
         /// Profiled steps per recipe and pool.
-        #[arg(long, default_value_t = 8)]
+        #[arg(long, default_value_t = 8, value_parser = rounds())]
         rounds: usize,
     },
     /// One step-timing child (used by `steps`): prints a JSON line.
@@ -101,23 +101,23 @@ enum Cmd {
         #[arg(long, value_delimiter = ',', required = true)]
         recipes: Vec<String>,
         /// Threads.
-        #[arg(long, default_value_t = 2)]
+        #[arg(long, default_value_t = 2, value_parser = threads())]
         threads: usize,
         /// Untimed steps per recipe.
-        #[arg(long, default_value_t = 1)]
+        #[arg(long, default_value_t = 1, value_parser = warmup_steps())]
         warmup: usize,
         /// Rounds of one timed step per recipe.
-        #[arg(long, default_value_t = 4)]
+        #[arg(long, default_value_t = 4, value_parser = rounds())]
         rounds: usize,
     },
     /// FP32 FMA, BF16 dot-product and AMX-BF16 peaks, and the f32 and BF16 GEMMs on the
     /// training shapes as fractions of them (reported, not gated).
     Gemms {
         /// Threads (the rayon pool every kernel runs on).
-        #[arg(long, default_value_t = 1)]
+        #[arg(long, default_value_t = 1, value_parser = threads())]
         threads: usize,
         /// Paired rounds.
-        #[arg(long, default_value_t = 5)]
+        #[arg(long, default_value_t = 5, value_parser = rounds())]
         rounds: usize,
         /// Write the metrics here (JSON) instead of stdout.
         #[arg(long)]
@@ -127,7 +127,7 @@ enum Cmd {
     /// plain read + write of the same file in the same rounds (reported, not gated).
     Checkpoint {
         /// Rounds (copy, then each job, per round).
-        #[arg(long, default_value_t = 3)]
+        #[arg(long, default_value_t = 3, value_parser = rounds())]
         rounds: usize,
         /// Layers of the synthetic Llama-shaped F32 checkpoint (d 1024, MLP 2816, vocab 8000:
         /// 4 layers make 271 MB).
@@ -144,7 +144,7 @@ enum Cmd {
     /// decode time over BF16-sampler decode time (ratios in one run, reported, not gated).
     Decode {
         /// Interleaved rounds.
-        #[arg(long, default_value_t = 5)]
+        #[arg(long, default_value_t = 5, value_parser = rounds())]
         rounds: usize,
         /// Write the metrics here (JSON) as well.
         #[arg(long)]
@@ -180,6 +180,25 @@ fn parse_injection(s: &str) -> Result<(String, f64), String> {
         return Err(format!("fraction {f} of {s:?} is outside (0, 10]"));
     }
     Ok((name.to_string(), f))
+}
+
+/// The most rounds (or warm-up steps, or scaling pairs) one command takes: far beyond any
+/// useful run, and small enough that the per-round buffers are never a problem.
+const MAX_ROUNDS: u64 = 100_000;
+
+/// `1..=MAX_ROUNDS` rounds (a run of no rounds measures nothing).
+fn rounds() -> clap::builder::RangedU64ValueParser<usize> {
+    clap::builder::RangedU64ValueParser::new().range(1..=MAX_ROUNDS)
+}
+
+/// `1..=256` threads (a pool is built with that many).
+fn threads() -> clap::builder::RangedU64ValueParser<usize> {
+    clap::builder::RangedU64ValueParser::new().range(1..=256)
+}
+
+/// `0..=MAX_ROUNDS` untimed warm-up steps.
+fn warmup_steps() -> clap::builder::RangedU64ValueParser<usize> {
+    clap::builder::RangedU64ValueParser::new().range(0..=MAX_ROUNDS)
 }
 
 fn write(report: &SuiteReport, json: Option<PathBuf>) -> Result<()> {
@@ -230,7 +249,7 @@ fn main() -> Result<()> {
         }
         Cmd::Decode { rounds, json } => {
             // on a thread of the pool, as the trainer decodes (`trainer sample`, `rl`)
-            let metrics = rayon::scope(|_| decode::suite(rounds.max(1)))?;
+            let metrics = rayon::scope(|_| decode::suite(rounds))?;
             if json.is_none() {
                 return Ok(());
             }
@@ -248,7 +267,7 @@ fn main() -> Result<()> {
             json,
             inject_slowdown,
         } => {
-            let metrics = kernels::suite(rounds.max(1), &inject_slowdown)?;
+            let metrics = kernels::suite(rounds, &inject_slowdown)?;
             write(
                 &SuiteReport {
                     suite: "kernels".into(),
@@ -265,9 +284,9 @@ fn main() -> Result<()> {
             json,
         } => {
             let metrics = if preset == steps::PRESET {
-                steps::suite(rounds.max(1), scaling_rounds.max(1))?
+                steps::suite(rounds, scaling_rounds)?
             } else {
-                steps::preset_suite(&preset, rounds.max(1))?
+                steps::preset_suite(&preset, rounds)?
             };
             write(
                 &SuiteReport {
@@ -283,8 +302,7 @@ fn main() -> Result<()> {
             rounds,
             json,
         } => {
-            anyhow::ensure!((1..=256).contains(&threads), "--threads must be in 1..=256");
-            let metrics = gemms::suite(threads, rounds.max(1))?;
+            let metrics = gemms::suite(threads, rounds)?;
             write(
                 &SuiteReport {
                     suite: format!("gemms-{threads}t"),
