@@ -204,8 +204,19 @@ fn parse_data(spec: &str, vocab: usize) -> Result<DataSource> {
         });
     }
     let path = PathBuf::from(spec);
-    if path.is_dir() && path.join(trainer::data::TOKENIZER_FILE).is_file() {
-        return Ok(DataSource::tokenized(&path)?);
+    const TAKES: &str = "--data takes `corpus`, `corpus:SEED:BYTES`, a UTF-8 text file, a .bin \
+                         token shard or a `trainer tokenize` folder";
+    if path.is_dir() {
+        if path.join(trainer::data::TOKENIZER_FILE).is_file() {
+            return Ok(DataSource::tokenized(&path)?);
+        }
+        bail!(
+            "--data {spec}: a folder without {} (not a `trainer tokenize` folder); {TAKES}",
+            trainer::data::TOKENIZER_FILE
+        );
+    }
+    if !path.exists() {
+        bail!("--data {spec}: no such file or folder; {TAKES}");
     }
     if path
         .extension()

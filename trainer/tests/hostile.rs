@@ -163,6 +163,8 @@ fn refused_comparisons_say_and_write_nothing_first() {
     let tmp = tempfile::tempdir().unwrap();
     let out = tmp.path().join("cmp");
     let out_s = out.to_str().unwrap();
+    let latin1 = tmp.path().join("latin1.txt");
+    fs::write(&latin1, b"caf\xe9 au lait\n").unwrap();
     let base = [
         "compare",
         "--recipes",
@@ -175,13 +177,18 @@ fn refused_comparisons_say_and_write_nothing_first() {
     for (extra, needle) in [
         (["--seeds", "0"], "--seeds must be at least 1"),
         (["--reference", "nvfp4"], "--reference nvfp4 is not among"),
-        (["--data", "/nonexistent/text.txt"], "No such file"),
+        (
+            ["--data", "/nonexistent/text.txt"],
+            "no such file or folder",
+        ),
+        // a file that exists but cannot be training data: read before the folder is made
+        (["--data", latin1.to_str().unwrap()], "not valid UTF-8"),
     ] {
         let args: Vec<&str> = base.iter().chain(extra.iter()).copied().collect();
         let o = trainer(&args);
         assert!(!o.status.success(), "{args:?}");
         assert!(stderr(&o).contains(needle), "{args:?}: {}", stderr(&o));
-        if !needle.contains("No such file") {
+        if !needle.contains("UTF-8") {
             let said = String::from_utf8_lossy(&o.stdout);
             assert!(
                 !said.contains("note:") && !said.contains("device:"),
@@ -189,6 +196,17 @@ fn refused_comparisons_say_and_write_nothing_first() {
             );
         }
         assert!(!out.exists(), "{args:?} left {out_s}");
+    }
+    // `train --data` names what it takes when the path is neither a file nor a tokenized
+    // folder
+    let folder = tmp.path().join("plain-folder");
+    fs::create_dir_all(&folder).unwrap();
+    for (data, needle) in [
+        (folder.to_str().unwrap(), "a folder without tokenizer.json"),
+        ("/nonexistent/text.txt", "no such file or folder"),
+    ] {
+        let err = fails_with(&["train", "--data", data, "--steps", "2"], needle);
+        assert!(err.contains("--data takes"), "{err}");
     }
 }
 
