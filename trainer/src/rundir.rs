@@ -423,7 +423,8 @@ impl StagedDir {
         if tmp.exists() {
             fs::remove_dir_all(&tmp).map_err(stage_io(&tmp))?;
         }
-        fs::create_dir(&tmp).map_err(stage_io(&tmp))?;
+        // the output is what the user named: a failure here is a failure to create it
+        fs::create_dir(&tmp).map_err(stage_io(out))?;
         Ok(StagedDir {
             tmp,
             out: out.to_path_buf(),
