@@ -44,16 +44,13 @@ pub fn pretrain_data(
     out: &Path,
     how: &MixTokenizer,
 ) -> Result<(DataSource, Tokenizer), RlError> {
-    // the tokenizer's settings first: a refused run writes nothing
-    let bpe = BpeTrainOptions {
-        vocab_size: match how {
-            MixTokenizer::Train(vocab) => *vocab,
-            _ => BpeTrainOptions::default().vocab_size,
-        },
+    let bpe = |vocab_size| BpeTrainOptions {
+        vocab_size,
         min_frequency: 2,
     };
-    bpe.validate().map_err(invalid)?;
+    // the tokenizer (or its settings) first: a refused run writes nothing
     let given = match how {
+        MixTokenizer::Bytes => None,
         MixTokenizer::File(p) => {
             let f = if p.is_dir() {
                 p.join(TOKENIZER_FILE)
@@ -62,7 +59,10 @@ pub fn pretrain_data(
             };
             Some(Tokenizer::from_file(&f).map_err(invalid)?)
         }
-        _ => None,
+        MixTokenizer::Train(vocab) => {
+            bpe(*vocab).validate().map_err(invalid)?;
+            None
+        }
     };
     std::fs::create_dir_all(out).map_err(io_err(out))?;
     let mix_path = out.join(MIX_FILE);
@@ -70,13 +70,11 @@ pub fn pretrain_data(
     crate::rundir::write_atomic(&mix_path, mix.as_bytes()).map_err(io_err(&mix_path))?;
     let mix_path = std::fs::canonicalize(&mix_path).map_err(io_err(&mix_path))?;
     let tok = match (how, given) {
-        (MixTokenizer::Bytes, _) => {
-            return Ok((DataSource::Text { path: mix_path }, Tokenizer::Bytes));
-        }
         (_, Some(tok)) => tok,
-        (_, None) => {
-            Tokenizer::train_bpe(std::slice::from_ref(&mix_path), &bpe).map_err(invalid)?
+        (MixTokenizer::Train(vocab), None) => {
+            Tokenizer::train_bpe(std::slice::from_ref(&mix_path), &bpe(*vocab)).map_err(invalid)?
         }
+        _ => return Ok((DataSource::Text { path: mix_path }, Tokenizer::Bytes)),
     };
     let codec = TaskCodec::new(tok.clone(), tok.vocab_size() as usize)?;
     let check: Vec<_> = task
