@@ -73,6 +73,23 @@ extern "C" fn on_signal(sig: libc::c_int) {
     SIGNAL.store(sig as u64, Ordering::SeqCst);
 }
 
+/// Passes a stop on to a child process: SIGTERM on Unix, which a `trainer` child with
+/// [`install_handlers`] takes as a graceful stop (it saves a checkpoint and exits); a kill
+/// elsewhere. A child that already exited is left alone.
+pub fn forward_stop(child: &mut std::process::Child) {
+    if matches!(child.try_wait(), Ok(Some(_))) {
+        return;
+    }
+    #[cfg(unix)]
+    // SAFETY: kill(2) with our child's pid (not yet reaped: `try_wait` saw it running)
+    // reads and writes no memory of ours.
+    unsafe {
+        libc::kill(child.id() as libc::pid_t, libc::SIGTERM);
+    }
+    #[cfg(not(unix))]
+    let _ = child.kill();
+}
+
 /// Installs the SIGINT and SIGTERM handlers (see the module docs). Does nothing on
 /// platforms without POSIX signals.
 pub fn install_handlers() -> std::io::Result<()> {

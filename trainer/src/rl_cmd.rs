@@ -455,7 +455,23 @@ fn run_rl_compare(c: RlCompareArgs) -> Result<()> {
     let mut pending: Vec<&GridRun> = grid.iter().collect();
     let mut running: Vec<(std::process::Child, &GridRun)> = Vec::new();
     let mut failed = Vec::new();
+    // A stop (SIGINT, SIGTERM) is passed on to the running runs, which save a checkpoint and
+    // exit; nothing new starts, and the same command continues the grid. The runs are in
+    // their own process groups, so a Ctrl-C at the terminal reaches them once, through here.
+    trainer::interrupt::install_handlers().context("installing the SIGINT/SIGTERM handlers")?;
+    let mut stopping = false;
     while !pending.is_empty() || !running.is_empty() {
+        if !stopping && trainer::interrupt::stop_requested() {
+            stopping = true;
+            pending.clear();
+            eprintln!(
+                "stopping: {} running run(s) save a checkpoint and exit",
+                running.len()
+            );
+            for (ch, _) in &mut running {
+                trainer::interrupt::forward_stop(ch);
+            }
+        }
         while running.len() < c.jobs && !pending.is_empty() {
             let r = pending.remove(0);
             // finished, or stopped by the divergence guard: a result either way (a stopped
@@ -468,7 +484,9 @@ fn run_rl_compare(c: RlCompareArgs) -> Result<()> {
             if trainer::rl::checkpoint::resolve(&r.dir).is_some() {
                 cmd.arg("--resume").arg(&r.dir);
             } else {
+                // a fresh start: nothing of an earlier attempt (its folder, its log) stays
                 let _ = std::fs::remove_dir_all(&r.dir);
+                let _ = std::fs::remove_file(r.dir.with_extension("log"));
                 cmd.arg("--from")
                     .arg(&c.from)
                     .arg("--plan")
@@ -482,10 +500,16 @@ fn run_rl_compare(c: RlCompareArgs) -> Result<()> {
                     .args(c.settings.to_args());
             }
             std::fs::create_dir_all(&r.dir).with_context(|| r.dir.display().to_string())?;
+            // appended to: a resumed run's log keeps the lines of its earlier parts
             let log_path = r.dir.with_extension("log");
-            let log =
-                std::fs::File::create(&log_path).with_context(|| log_path.display().to_string())?;
+            let log = std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(&log_path)
+                .with_context(|| log_path.display().to_string())?;
             cmd.stdout(log.try_clone()?).stderr(log);
+            #[cfg(unix)]
+            std::os::unix::process::CommandExt::process_group(&mut cmd, 0);
             eprintln!(
                 "start {} {} seed {}",
                 r.plan_name,
@@ -505,7 +529,11 @@ fn run_rl_compare(c: RlCompareArgs) -> Result<()> {
                         r.correction.name(),
                         r.seed
                     );
-                    if !st.success() && trainer::rl::compare::stopped(&r.dir) {
+                    if !st.success() && stopping {
+                        eprintln!(
+                            "  stopped: resumes from its checkpoint when the grid is run again"
+                        );
+                    } else if !st.success() && trainer::rl::compare::stopped(&r.dir) {
                         eprintln!(
                             "  stopped by the divergence guard: {}",
                             r.dir.join(trainer::rl::compare::DIAGNOSIS_FILE).display()
@@ -524,6 +552,12 @@ fn run_rl_compare(c: RlCompareArgs) -> Result<()> {
             }
         }
         running = still;
+    }
+    if stopping {
+        bail!(
+            "stopped; run the same `trainer rl compare` command again to continue the grid \
+             (finished runs are kept, stopped ones resume from their checkpoints)"
+        );
     }
     let report = write_report(&c.out, &grid, &c.from)?;
     println!("report: {}", report.display());

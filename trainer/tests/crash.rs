@@ -421,3 +421,81 @@ fn sigkill_with_fp8_delayed_scaling_and_accumulation_resumes_bit_identically() {
         );
     }
 }
+
+/// `trainer rl compare` passes SIGTERM on to its runs: each saves a checkpoint and exits,
+/// the command says how to continue, and no run outlives it (the runs went on as orphans
+/// when a signal ended the grid's process); the same command then resumes them.
+#[test]
+fn sigterm_stops_an_rl_grid_with_its_runs() {
+    let s = setup();
+    let pre = s.root.join("pre");
+    let o = trainer()
+        .args([
+            "train", "--preset", "tiny", "--steps", "2", "--quiet", "--out",
+        ])
+        .arg(&pre)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", text(&o.stderr));
+    let grid = s.root.join("grid");
+    let mut args: Vec<String> = ["rl", "compare", "--plans", "bf16", "--seeds", "2"]
+        .map(String::from)
+        .to_vec();
+    args.extend(
+        [
+            "--jobs",
+            "2",
+            "--prompts",
+            "2",
+            "--group",
+            "2",
+            "--steps",
+            "300",
+        ]
+        .map(String::from),
+    );
+    args.extend(["--eval-prompts", "2", "--eval-every", "1"].map(String::from));
+    args.extend(["--from".into(), pre.to_str().unwrap().into()]);
+    args.extend(["--out".into(), grid.to_str().unwrap().into()]);
+    let run_dir = |seed: u32| grid.join("bf16-none").join(format!("seed{seed}"));
+    let child = trainer()
+        .args(&args)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // both runs have checkpointed a step
+    let t0 = Instant::now();
+    while !(0..2).all(|s| run_dir(s).join("checkpoints/latest").is_file()) {
+        assert!(
+            t0.elapsed() < Duration::from_secs(120),
+            "the runs never started"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    signal(&child, libc::SIGTERM);
+    let o = child.wait_with_output().unwrap();
+    let err = text(&o.stderr);
+    assert!(!o.status.success(), "{err}");
+    assert!(
+        err.contains("run the same `trainer rl compare` command again"),
+        "{err}"
+    );
+    for seed in 0..2 {
+        // each run stopped on the forwarded signal with a checkpoint, and had exited when the
+        // grid's process did (that process waits for its runs)
+        let log = fs::read_to_string(run_dir(seed).with_extension("log")).unwrap();
+        assert!(log.contains("stopped at step"), "{log}");
+        assert!(run_dir(seed).join("checkpoints/latest").is_file());
+    }
+    assert!(!grid.join("report.md").exists());
+    // the same command continues each run from its checkpoint to the end
+    let o = trainer().args(&args).output().unwrap();
+    assert!(o.status.success(), "{}", text(&o.stderr));
+    assert!(grid.join("report.md").is_file());
+    for seed in 0..2 {
+        let log = fs::read_to_string(run_dir(seed).with_extension("log")).unwrap();
+        assert_eq!(log.matches("stopped at step").count(), 1, "{log}");
+        assert!(log.contains("held-out pass rate"), "{log}");
+    }
+}
