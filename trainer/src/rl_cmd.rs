@@ -518,7 +518,9 @@ fn run_rl_compare(c: RlCompareArgs) -> Result<()> {
             );
             running.push((cmd.spawn()?, r));
         }
-        std::thread::sleep(std::time::Duration::from_millis(200));
+        // short: a stop reaches the runs within this (a second signal in the meantime ends
+        // this process at once, before it passed the first on)
+        std::thread::sleep(std::time::Duration::from_millis(50));
         let mut still = Vec::new();
         for (mut ch, r) in running {
             match ch.try_wait()? {
