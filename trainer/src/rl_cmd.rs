@@ -289,6 +289,31 @@ fn pretrain(a: &RlRunArgs, plan: &Plan, cfg: &RlConfig, out: &Path, steps: u64) 
     rc.train.eval_every = steps.div_ceil(4).max(1);
     rc.validate()?;
     let recipe: Recipe = plan.recipe("pretrain")?;
+    let opts = TrainOptions {
+        out: dir.clone(),
+        quiet: a.quiet,
+        stop_after: None,
+    };
+    // a stopped or killed pretraining (a run folder without a summary) continues: the same
+    // command resumes it
+    if dir.join("run.toml").is_file() || trainer::checkpoint::resolve(&dir).is_ok() {
+        let mut t = Trainer::resume(&dir, opts)?;
+        if t.config().train.steps != steps {
+            bail!(
+                "{} holds a pretraining of {} steps, not {steps}; pass --pretrain-steps {} to \
+                 continue it, or choose another --out",
+                dir.display(),
+                t.config().train.steps,
+                t.config().train.steps
+            );
+        }
+        eprintln!(
+            "continuing the pretraining {} at step {}",
+            dir.display(),
+            t.step()
+        );
+        return finish_pretraining(&mut t, dir);
+    }
     let how = match (&a.tokenizer, a.bpe_vocab) {
         (Some(p), _) => MixTokenizer::File(p.clone()),
         (None, Some(v)) => MixTokenizer::Train(v),
@@ -313,18 +338,24 @@ fn pretrain(a: &RlRunArgs, plan: &Plan, cfg: &RlConfig, out: &Path, steps: u64) 
         cfg.task.name(),
         dir.display()
     );
-    let mut t = Trainer::new(
-        rc,
-        recipe,
-        TrainOptions {
-            out: dir.clone(),
-            quiet: a.quiet,
-            stop_after: None,
-        },
-    )?;
-    let s = on_pool(|| t.run())?;
-    eprintln!("pretraining done: validation loss {:.4}", s.final_val_loss);
-    Ok(dir)
+    let mut t = Trainer::new(rc, recipe, opts)?;
+    finish_pretraining(&mut t, dir)
+}
+
+/// Runs the pretraining `t` (in `dir`) to its end; a stop says that the same `trainer rl`
+/// command continues it.
+fn finish_pretraining(t: &mut Trainer, dir: PathBuf) -> Result<PathBuf> {
+    match on_pool(|| t.run()) {
+        Ok(s) => {
+            eprintln!("pretraining done: validation loss {:.4}", s.final_val_loss);
+            Ok(dir)
+        }
+        Err(e @ trainer::train::TrainError::Stopped { .. }) => {
+            eprintln!("the same `trainer rl` command continues the pretraining");
+            Err(e.into())
+        }
+        Err(e) => Err(e.into()),
+    }
 }
 
 fn run_rl_run(a: RlRunArgs) -> Result<()> {

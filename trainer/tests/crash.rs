@@ -499,3 +499,44 @@ fn sigterm_stops_an_rl_grid_with_its_runs() {
         assert!(log.contains("held-out pass rate"), "{log}");
     }
 }
+
+/// `trainer rl --pretrain-steps N` stopped during its pretraining is continued by the same
+/// command (it said "already holds a run" before, and only `trainer train --resume` went on).
+#[test]
+fn a_stopped_rl_pretraining_continues_with_the_same_command() {
+    let s = setup();
+    let out = s.root.join("rl");
+    let mut args: Vec<String> = ["rl", "--preset", "tiny", "--pretrain-steps", "8", "--quiet"]
+        .map(String::from)
+        .to_vec();
+    args.extend(["--steps", "1", "--prompts", "2", "--group", "2"].map(String::from));
+    args.extend(["--eval-prompts", "2", "--out"].map(String::from));
+    args.push(out.to_str().unwrap().into());
+    let marker = s.root.join("marker");
+    let child = paused_child(&args, "step", 3, &marker);
+    signal(&child, libc::SIGTERM);
+    let o = child.wait_with_output().unwrap();
+    let err = text(&o.stderr);
+    assert_eq!(o.status.code(), Some(130), "{err}");
+    assert!(
+        err.contains("the same `trainer rl` command continues"),
+        "{err}"
+    );
+    // a different step count is refused, naming the one to pass
+    let mut other = args.clone();
+    other[4] = "9".into();
+    let o = trainer().args(&other).output().unwrap();
+    assert!(!o.status.success());
+    assert!(
+        text(&o.stderr).contains("pass --pretrain-steps 8"),
+        "{}",
+        text(&o.stderr)
+    );
+    let o = trainer().args(&args).output().unwrap();
+    let err = text(&o.stderr);
+    assert!(o.status.success(), "{err}");
+    assert!(err.contains("continuing the pretraining"), "{err}");
+    assert!(err.contains("at step 3"), "{err}");
+    assert!(out.join("pretrain/summary.json").is_file());
+    assert!(out.join("summary.json").is_file());
+}
