@@ -274,10 +274,6 @@ pub fn run_rl(args: RlArgs) -> Result<()> {
 
 fn pretrain(a: &RlRunArgs, plan: &Plan, cfg: &RlConfig, out: &Path, steps: u64) -> Result<PathBuf> {
     let dir = out.join("pretrain");
-    if dir.join("summary.json").is_file() {
-        eprintln!("reusing the finished pretraining run {}", dir.display());
-        return Ok(dir);
-    }
     // the settings first (the preset, the step count): a refused run writes nothing
     if steps == 0 {
         bail!("--pretrain-steps must be at least 1");
@@ -289,6 +285,13 @@ fn pretrain(a: &RlRunArgs, plan: &Plan, cfg: &RlConfig, out: &Path, steps: u64) 
     rc.train.eval_every = steps.div_ceil(4).max(1);
     rc.validate()?;
     let recipe: Recipe = plan.recipe("pretrain")?;
+    if dir.join("summary.json").is_file() {
+        let done = RunConfig::from_file(&dir.join("run.toml"))?;
+        let done_recipe = Recipe::from_file(&dir.join("recipe.toml"))?;
+        check_same_pretraining(&dir, (&done, &done_recipe.name), (&rc, &recipe.name))?;
+        eprintln!("reusing the finished pretraining run {}", dir.display());
+        return Ok(dir);
+    }
     let opts = TrainOptions {
         out: dir.clone(),
         quiet: a.quiet,
@@ -298,15 +301,7 @@ fn pretrain(a: &RlRunArgs, plan: &Plan, cfg: &RlConfig, out: &Path, steps: u64) 
     // command resumes it
     if dir.join("run.toml").is_file() || trainer::checkpoint::resolve(&dir).is_ok() {
         let mut t = Trainer::resume(&dir, opts)?;
-        if t.config().train.steps != steps {
-            bail!(
-                "{} holds a pretraining of {} steps, not {steps}; pass --pretrain-steps {} to \
-                 continue it, or choose another --out",
-                dir.display(),
-                t.config().train.steps,
-                t.config().train.steps
-            );
-        }
+        check_same_pretraining(&dir, (t.config(), &t.recipe().name), (&rc, &recipe.name))?;
         eprintln!(
             "continuing the pretraining {} at step {}",
             dir.display(),
@@ -340,6 +335,50 @@ fn pretrain(a: &RlRunArgs, plan: &Plan, cfg: &RlConfig, out: &Path, steps: u64) 
     );
     let mut t = Trainer::new(rc, recipe, opts)?;
     finish_pretraining(&mut t, dir)
+}
+
+/// Refuses to reuse or continue the pretraining in `dir` when this command asks for another
+/// one (`(config, recipe name)` of each): its step count, seed, model (the vocabulary aside,
+/// which the mix's tokenizer sets) or recipe. Reusing it would start RL from another model
+/// than the one asked for, silently.
+fn check_same_pretraining(
+    dir: &Path,
+    (done, done_recipe): (&RunConfig, &str),
+    (want, recipe): (&RunConfig, &str),
+) -> Result<()> {
+    let mut diffs = Vec::new();
+    if done.train.steps != want.train.steps {
+        diffs.push(format!(
+            "{} steps (--pretrain-steps {})",
+            done.train.steps, want.train.steps
+        ));
+    }
+    if done.train.seed != want.train.seed {
+        diffs.push(format!(
+            "seed {} (this command's {})",
+            done.train.seed, want.train.seed
+        ));
+    }
+    let mut model = done.model.clone();
+    model.vocab = want.model.vocab;
+    if model != want.model {
+        diffs.push(format!(
+            "a model of {} blocks x d_model {} (the --preset's {} x {})",
+            done.model.n_layers, done.model.d_model, want.model.n_layers, want.model.d_model
+        ));
+    }
+    if done_recipe != recipe {
+        diffs.push(format!("recipe {done_recipe} (the plan's {recipe})"));
+    }
+    if !diffs.is_empty() {
+        bail!(
+            "{} holds another pretraining: {}; pass its settings to reuse or continue it, or \
+             choose another --out",
+            dir.display(),
+            diffs.join(", ")
+        );
+    }
+    Ok(())
 }
 
 /// Runs the pretraining `t` (in `dir`) to its end; a stop says that the same `trainer rl`

@@ -501,7 +501,9 @@ fn sigterm_stops_an_rl_grid_with_its_runs() {
 }
 
 /// `trainer rl --pretrain-steps N` stopped during its pretraining is continued by the same
-/// command (it said "already holds a run" before, and only `trainer train --resume` went on).
+/// command (it said "already holds a run" before, and only `trainer train --resume` went on);
+/// a pretraining, stopped or finished, is not continued or reused for a command that asks for
+/// another one (a finished one was reused whatever the command asked).
 #[test]
 fn a_stopped_rl_pretraining_continues_with_the_same_command() {
     let s = setup();
@@ -527,11 +529,8 @@ fn a_stopped_rl_pretraining_continues_with_the_same_command() {
     other[4] = "9".into();
     let o = trainer().args(&other).output().unwrap();
     assert!(!o.status.success());
-    assert!(
-        text(&o.stderr).contains("pass --pretrain-steps 8"),
-        "{}",
-        text(&o.stderr)
-    );
+    let refused = "holds another pretraining: 8 steps (--pretrain-steps 9)";
+    assert!(text(&o.stderr).contains(refused), "{}", text(&o.stderr));
     let o = trainer().args(&args).output().unwrap();
     let err = text(&o.stderr);
     assert!(o.status.success(), "{err}");
@@ -539,4 +538,8 @@ fn a_stopped_rl_pretraining_continues_with_the_same_command() {
     assert!(err.contains("at step 3"), "{err}");
     assert!(out.join("pretrain/summary.json").is_file());
     assert!(out.join("summary.json").is_file());
+    // a finished pretraining is not reused for a command that asks for another one
+    let o = trainer().args(&other).output().unwrap();
+    assert!(!o.status.success());
+    assert!(text(&o.stderr).contains(refused), "{}", text(&o.stderr));
 }
