@@ -209,9 +209,9 @@ struct RlRunArgs {
     /// Continue the RL run in this directory.
     #[arg(long)]
     resume: Option<PathBuf>,
-    /// Stage plan: a built-in name or a TOML file.
-    #[arg(long, default_value = "bf16")]
-    plan: String,
+    /// Stage plan: a built-in name or a TOML file [default: bf16].
+    #[arg(long)]
+    plan: Option<String>,
     /// Off-policy correction: none, token-tis, token-mis, seq-tis, seq-mis.
     #[arg(long)]
     correction: Option<String>,
@@ -416,8 +416,32 @@ fn run_rl_run(a: RlRunArgs) -> Result<()> {
     };
     let dev;
     let mut run = if let Some(dir) = &a.resume {
-        if a.seed.is_some() || a.correction.is_some() || a.out.is_some() {
-            bail!("--resume continues a run with its own settings; drop --seed, --correction and --out");
+        // the run's settings are its checkpoint's: a flag that would change them is refused,
+        // not silently ignored
+        let mut given: Vec<String> = [
+            ("--seed", a.seed.is_some()),
+            ("--correction", a.correction.is_some()),
+            ("--out", a.out.is_some()),
+            ("--plan", a.plan.is_some()),
+            ("--pretrain-steps", a.pretrain_steps.is_some()),
+            ("--tokenizer", a.tokenizer.is_some()),
+            ("--bpe-vocab", a.bpe_vocab.is_some()),
+        ]
+        .into_iter()
+        .filter(|(_, on)| *on)
+        .map(|(flag, _)| flag.to_string())
+        .collect();
+        given.extend(
+            a.settings
+                .to_args()
+                .into_iter()
+                .filter(|x| x.starts_with("--")),
+        );
+        if !given.is_empty() {
+            bail!(
+                "--resume continues a run with its own settings; drop {}",
+                given.join(", ")
+            );
         }
         let bf16 = Recipe::builtin("bf16").expect("built-in recipe");
         // the plan is the checkpoint's: checked against the device once it is read
@@ -430,7 +454,7 @@ fn run_rl_run(a: RlRunArgs) -> Result<()> {
         if out.exists() && !out.is_dir() {
             bail!("--out {}: not a directory", out.display());
         }
-        let plan = Plan::resolve(&a.plan)?;
+        let plan = Plan::resolve(a.plan.as_deref().unwrap_or("bf16"))?;
         dev = device_cmd::resolve(
             a.device,
             &[&plan.recipe("sampler")?, &plan.recipe("rl-trainer")?],

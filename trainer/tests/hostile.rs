@@ -674,3 +674,21 @@ fn refused_rl_pretraining_writes_nothing() {
     fails_with(&args, "not a directory");
     assert_eq!(fs::read_to_string(&file).unwrap(), "x");
 }
+
+/// `trainer rl --resume DIR` takes the run's settings from its checkpoint: a flag that would
+/// change them (`--steps`, `--plan`, any RL setting) is refused by name, not ignored.
+#[test]
+fn rl_resume_refuses_settings_it_would_ignore() {
+    let tmp = tempfile::tempdir().unwrap();
+    let run = tmp.path().join("nothing-yet");
+    let run_s = run.to_str().unwrap();
+    for (extra, named) in [
+        (vec!["--steps", "5"], "drop --steps"),
+        (vec!["--plan", "nvfp4", "--lr", "0.1"], "drop --plan, --lr"),
+        (vec!["--no-std"], "drop --no-std"),
+    ] {
+        let mut args = vec!["rl", "--resume", run_s];
+        args.extend(extra);
+        fails_with(&args, named);
+    }
+}
