@@ -10,9 +10,12 @@
 //! * [`row_group`]: up to 16 whole blocks of a stored row (`fast::fake_panel`'s rowwise
 //!   loop);
 //! * [`rht_strip`]: the Hadamard staging of 16 input rows, 16 columns per step (the AVX2
-//!   strip's arithmetic).
+//!   strip's arithmetic);
+//! * [`rht_vertical_strip`]: the two fused for the packing pass of a columnwise operand with
+//!   RHT, each 16x16 stretch transformed and quantized in registers with no staged copy
+//!   (tested below against the two kernels one after the other).
 //!
-//! The last two are covered by the whole-tensor tests in `nvfp4.rs`, which compare the
+//! `row_group` and `rht_strip` are covered by the whole-tensor tests in `nvfp4.rs`, which compare the
 //! dispatched path with the reference on every configuration. The portable code keeps a
 //! 16x16 stretch in a stack array, which the AVX2 build cannot hold in its sixteen `ymm`
 //! registers (two per row): it spills, and its per-element work ran at about 4.5 cycles on
@@ -53,17 +56,29 @@ pub(super) struct Stretch<'a> {
 #[target_feature(enable = "avx512f")]
 pub(super) unsafe fn vertical_stretch(src: *const f32, dst: *mut f32, ld: usize, q: Stretch<'_>) {
     let mut v: [__m512; BLOCK] = core::array::from_fn(|i| _mm512_loadu_ps(src.add(i * ld)));
+    quantize_stretch(&mut v, q);
+    for (i, row) in v.iter().enumerate() {
+        _mm512_storeu_ps(dst.add(i * ld), *row);
+    }
+}
+
+/// [`vertical_stretch`]'s arithmetic on a stretch held in registers (row `i` in `v[i]`).
+#[inline]
+#[target_feature(enable = "avx512f")]
+fn quantize_stretch(v: &mut [__m512; BLOCK], q: Stretch<'_>) {
     let mut amax = _mm512_setzero_ps();
-    for row in &v {
+    for row in v.iter() {
         amax = _mm512_max_ps(amax, _mm512_abs_ps(*row));
     }
     if q.tile2d {
         amax = _mm512_set1_ps(_mm512_reduce_max_ps(amax));
     }
     let mut am = [0.0f32; BLOCK];
-    _mm512_storeu_ps(am.as_mut_ptr(), amax);
+    // SAFETY: 16 f32.
+    unsafe { _mm512_storeu_ps(am.as_mut_ptr(), amax) };
     let (sf, enc) = group_scales(&am, q.g);
-    let (sf, enc) = (_mm512_loadu_ps(sf.as_ptr()), _mm512_loadu_ps(enc.as_ptr()));
+    // SAFETY: 16 f32 each.
+    let (sf, enc) = unsafe { (_mm512_loadu_ps(sf.as_ptr()), _mm512_loadu_ps(enc.as_ptr())) };
     let k = Consts::new();
     if q.sr {
         let words = words_x16(q.key, q.first, q.stride);
@@ -77,9 +92,6 @@ pub(super) unsafe fn vertical_stretch(src: *const f32, dst: *mut f32, ld: usize,
         for row in v.iter_mut() {
             *row = k.fake_rne(*row, enc, sf);
         }
-    }
-    for (i, row) in v.iter().enumerate() {
-        _mm512_storeu_ps(dst.add(i * ld), *row);
     }
 }
 
@@ -253,32 +265,18 @@ unsafe fn rht_strip_impl(
     dst: *mut f32,
     mask: u16,
 ) -> (f32, bool) {
-    let flips: [__m512i; BLOCK] = core::array::from_fn(|i| {
-        _mm512_set1_epi32(if (mask >> i) & 1 == 1 { i32::MIN } else { 0 })
-    });
-    let quarter = _mm512_set1_ps(0.25);
-    let round_bias = _mm512_set1_epi32(0x7FFF);
-    let one = _mm512_set1_epi32(1);
+    let flips = sign_flips(mask);
     let hi16 = _mm512_set1_epi32(0xFFFF_0000u32 as i32);
     let abs = _mm512_set1_epi32(0x7FFF_FFFF);
     let big = _mm512_set1_ps(f32::MAX);
-    let zero = _mm512_setzero_ps();
     let mut amax = _mm512_setzero_ps();
     let mut bad: __mmask16 = 0;
     for c in (0..n).step_by(BLOCK) {
         // SAFETY: (r0 + i) * ld + c + 16 <= (r0 + 15) * ld + n.
-        let mut v: [__m512; BLOCK] = core::array::from_fn(|i| unsafe {
-            let e = _mm512_loadu_si512(x.add((r0 + i) * ld + c).cast());
-            _mm512_castsi512_ps(_mm512_xor_si512(e, flips[i]))
-        });
-        hadamard16_butterflies!(v, _mm512_add_ps, _mm512_sub_ps);
-        for (i, e) in v.iter().enumerate() {
-            // `+ 0.0` turns a -0 sum into +0 (`crate::hadamard`, "Sign of zero").
-            let y = _mm512_mul_ps(_mm512_add_ps(*e, zero), quarter);
-            bad |= _mm512_cmp_ps_mask::<_CMP_UNORD_Q>(y, y);
-            let b = _mm512_castps_si512(y);
-            let lsb = _mm512_and_si512(_mm512_srli_epi32::<16>(b), one);
-            let r = _mm512_add_epi32(b, _mm512_add_epi32(round_bias, lsb));
+        let v = rht_block(x.add(r0 * ld + c), ld, &flips);
+        for (i, y) in v.iter().enumerate() {
+            bad |= _mm512_cmp_ps_mask::<_CMP_UNORD_Q>(*y, *y);
+            let r = round_bf16(*y);
             let out = _mm512_castsi512_ps(_mm512_and_si512(r, hi16));
             let a = _mm512_castsi512_ps(_mm512_and_si512(r, _mm512_and_si512(hi16, abs)));
             amax = _mm512_max_ps(amax, a);
@@ -288,6 +286,109 @@ unsafe fn rht_strip_impl(
         }
     }
     (_mm512_reduce_max_ps(amax), bad != 0)
+}
+
+/// The sign-flip masks of the Hadamard transform's random signs, one per input row.
+#[inline]
+#[target_feature(enable = "avx512f")]
+fn sign_flips(mask: u16) -> [__m512i; BLOCK] {
+    core::array::from_fn(|i| _mm512_set1_epi32(if (mask >> i) & 1 == 1 { i32::MIN } else { 0 }))
+}
+
+/// One 16x16 block of the Hadamard staging before its BF16 rounding: the 16 rows at `x + i ·
+/// ld` (16 lanes each), sign-flipped, transformed down the rows, `+ 0` (a -0 sum becomes +0,
+/// `crate::hadamard`, "Sign of zero"), times 0.25.
+///
+/// # Safety
+/// `x` must be valid for reads of 16 rows of 16 `f32` at row stride `ld`.
+#[inline]
+#[target_feature(enable = "avx512f")]
+unsafe fn rht_block(x: *const f32, ld: usize, flips: &[__m512i; BLOCK]) -> [__m512; BLOCK] {
+    let mut v: [__m512; BLOCK] = core::array::from_fn(|i| {
+        // SAFETY: row i lies inside the 16 rows the caller vouches for.
+        let e = unsafe { _mm512_loadu_si512(x.add(i * ld).cast()) };
+        _mm512_castsi512_ps(_mm512_xor_si512(e, flips[i]))
+    });
+    hadamard16_butterflies!(v, _mm512_add_ps, _mm512_sub_ps);
+    let (zero, quarter) = (_mm512_setzero_ps(), _mm512_set1_ps(0.25));
+    for e in v.iter_mut() {
+        *e = _mm512_mul_ps(_mm512_add_ps(*e, zero), quarter);
+    }
+    v
+}
+
+/// The bits of `y` plus the BF16 rounding bias (nearest even); the rounded value is the
+/// high half.
+#[inline]
+#[target_feature(enable = "avx512f")]
+fn round_bf16(y: __m512) -> __m512i {
+    let b = _mm512_castps_si512(y);
+    let lsb = _mm512_and_si512(_mm512_srli_epi32::<16>(b), _mm512_set1_epi32(1));
+    _mm512_add_epi32(b, _mm512_add_epi32(_mm512_set1_epi32(0x7FFF), lsb))
+}
+
+/// [`rht_strip`] followed by [`vertical_stretch`] on each of its 16x16 stretches, in
+/// registers: for columns `0 .. n` (`n` a multiple of 16), `dst[i · ld + c]` receives the
+/// fake-quantized transform of `x[(r0 + i) · ld + c]` down `i`, with the random bytes of
+/// stretch `c / 16` from blocks `q.first + c · q.stride + l · q.stride` (`q.first` is the
+/// strip's block index). The same bits as the two kernels one after the other; the strip
+/// must be finite (the amax pass checked it).
+///
+/// # Panics
+/// If the strip would read outside `x` or write outside `dst`.
+pub(super) fn rht_vertical_strip(
+    x: &[f32],
+    (ld, r0, n): (usize, usize, usize),
+    dst: &mut [f32],
+    mask: u16,
+    q: Stretch<'_>,
+) {
+    assert!(n.is_multiple_of(BLOCK) && n <= ld);
+    if n == 0 {
+        return;
+    }
+    assert!(
+        (r0 + BLOCK - 1) * ld + n <= x.len(),
+        "rht_vertical_strip: input"
+    );
+    assert!(
+        (BLOCK - 1) * ld + n <= dst.len(),
+        "rht_vertical_strip: output"
+    );
+    assert!(available());
+    // SAFETY: AVX-512F is present (asserted) and the bounds were checked just above.
+    unsafe { rht_vertical_strip_impl(x.as_ptr().add(r0 * ld), ld, n, dst.as_mut_ptr(), mask, q) }
+}
+
+/// [`rht_vertical_strip`] after its checks, `x` pointing at the strip's first row.
+///
+/// # Safety
+/// The CPU must support AVX-512F; `x` must be valid for reads and `dst` for writes of 16
+/// rows of `n` elements at row stride `ld`; `n` a multiple of 16.
+#[target_feature(enable = "avx512f")]
+unsafe fn rht_vertical_strip_impl(
+    x: *const f32,
+    ld: usize,
+    n: usize,
+    dst: *mut f32,
+    mask: u16,
+    q: Stretch<'_>,
+) {
+    let flips = sign_flips(mask);
+    let hi16 = _mm512_set1_epi32(0xFFFF_0000u32 as i32);
+    for c in (0..n).step_by(BLOCK) {
+        // SAFETY: the 16 rows of columns c .. c + 16 lie inside the strip.
+        let mut v = rht_block(x.add(c), ld, &flips);
+        for y in v.iter_mut() {
+            *y = _mm512_castsi512_ps(_mm512_and_si512(round_bf16(*y), hi16));
+        }
+        let first = q.first + c as u64 * q.stride;
+        quantize_stretch(&mut v, Stretch { first, ..q });
+        for (i, row) in v.iter().enumerate() {
+            // SAFETY: as above.
+            _mm512_storeu_ps(dst.add(i * ld + c), *row);
+        }
+    }
 }
 
 #[cfg(test)]
@@ -364,6 +465,58 @@ mod tests {
                             );
                         }
                     }
+                }
+            }
+        }
+    }
+
+    /// The fused strip equals `rht_strip` then `vertical_stretch` on each stretch, bit for
+    /// bit, for every sharing and rounding, on a strip of several stretches at an offset.
+    #[test]
+    fn fused_strip_matches_the_two_kernels() {
+        if !available() {
+            eprintln!(
+                "SKIP: the AVX-512 kernels do not run here (no AVX-512F, or NIBBLE_FORCE_PORTABLE)"
+            );
+            return;
+        }
+        let (ld, rows, r0) = (48, 40, 16);
+        let x: Vec<f32> = (0..ld * rows)
+            .map(|i| {
+                let h = (i as u32).wrapping_mul(2_654_435_761) >> 8;
+                (h as f32 / (1u32 << 24) as f32 - 0.5) * [1.0, 1e-4, 40.0][i % 3]
+            })
+            .collect();
+        let key = RngKey { seed: 5, stream: 9 };
+        let mask = 0b1011_0010_1100_0101;
+        let mut staged = vec![0.0f32; BLOCK * ld];
+        let (amax, bad) = rht_strip(&x, ld, r0, ld, &mut staged, mask);
+        assert!(!bad);
+        let g = GlobalScale::from_amax(amax);
+        for tile2d in [false, true] {
+            for sr in [false, true] {
+                let q = Stretch {
+                    tile2d,
+                    sr,
+                    g: &g,
+                    key,
+                    first: 1,
+                    stride: 3,
+                };
+                let mut want = staged.clone();
+                for c in (0..ld).step_by(BLOCK) {
+                    let q = Stretch {
+                        first: 1 + c as u64 * 3,
+                        ..q
+                    };
+                    let p = want.as_mut_ptr();
+                    // SAFETY: AVX-512F is present; 16 rows of 16 at stride ld from column c.
+                    unsafe { vertical_stretch(p.add(c), p.add(c), ld, q) };
+                }
+                let mut got = vec![f32::NAN; BLOCK * ld];
+                rht_vertical_strip(&x, (ld, r0, ld), &mut got, mask, q);
+                for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+                    assert_eq!(g.to_bits(), w.to_bits(), "tile2d {tile2d} sr {sr} at {i}");
                 }
             }
         }

@@ -711,6 +711,35 @@ avx2_dispatch!(rht_stage_panel_dispatch => rht_stage_panel(
     dst: &mut [f32], plan: &Plan, x: &[f32], r0: usize
 ) -> (f32, bool));
 
+/// [`rht_stage_panel_dispatch`] then [`vertical_panel_dispatch`] in place on the source rows
+/// `r0 .. r0 + n` of a columnwise operand with RHT (finite: its amax pass checked), the same
+/// bits. With AVX-512 and whole 16-column stretches each stretch is transformed and quantized
+/// in registers (`avx512::rht_vertical_strip`), without the staged copy.
+fn rht_vertical_panel(dst: &mut [f32], plan: &Plan, x: &[f32], g: &GlobalScale, r0: usize) {
+    let cols = plan.rows;
+    #[cfg(target_arch = "x86_64")]
+    if !plan.portable && super::avx512::available() && cols.is_multiple_of(BLOCK) {
+        let mask = plan.mask.expect("a Hadamard transform");
+        let n = dst.len() / cols;
+        let bpr = plan.blocks_per_row() as u64;
+        for r in (0..n).step_by(BLOCK) {
+            let q = super::avx512::Stretch {
+                tile2d: plan.tile2d,
+                sr: plan.sr,
+                g,
+                key: plan.key,
+                first: ((r0 + r) / BLOCK) as u64,
+                stride: bpr,
+            };
+            let strip = &mut dst[r * cols..(r + BLOCK) * cols];
+            super::avx512::rht_vertical_strip(x, (cols, r0 + r, cols), strip, mask, q);
+        }
+        return;
+    }
+    rht_stage_panel_dispatch(&mut *dst, plan, x, r0);
+    vertical_panel_dispatch(dst, plan, InPlace, g, r0);
+}
+
 /// Fake-quantizes the source rows `r0 .. r0 + n` of a columnwise operand into `dst` (those
 /// rows, source layout), reading them from `src` (shaped like `dst`, or `dst` itself).
 #[inline(always)]
@@ -854,8 +883,7 @@ pub(super) fn fake_quantize_packed_source(
         |_, _| (),
         |k0, dst: &mut [f32]| {
             if plan.mask.is_some() {
-                rht_stage_panel_dispatch(&mut *dst, plan, x, k0);
-                vertical_panel_dispatch(dst, plan, InPlace, &g, k0);
+                rht_vertical_panel(dst, plan, x, &g, k0);
             } else {
                 vertical_panel_dispatch(dst, plan, &x[k0 * cols..][..dst.len()], &g, k0);
             }
