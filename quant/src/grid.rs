@@ -167,7 +167,8 @@ pub(crate) mod avx512 {
     /// [`super::grid_sr`]'s rounding of `a` (non-negative) onto the multiples of `step` (a
     /// power of two; `inv_step` its reciprocal), up iff `256 · frac(a / step) >= 256 - r`
     /// for the random byte `r` of each lane: `(floor(t) + up) · step` with `t = a · inv_step`
-    /// exact, its floor by the magic number `2^23`.
+    /// exact, its floor by the magic number `2^23` added with rounding toward -inf (exact
+    /// for `0 <= t < 2^23`: the sum's ulp is 1).
     #[inline]
     #[target_feature(enable = "avx512f")]
     pub(crate) fn round_sr(a: __m512, step: __m512, inv_step: __m512, r: __m512i) -> __m512 {
@@ -177,9 +178,8 @@ pub(crate) mod avx512 {
             _mm512_set1_ps(256.0),
         );
         let t = _mm512_mul_ps(a, inv_step);
-        let n = _mm512_sub_ps(_mm512_add_ps(t, two23), two23);
-        let above = _mm512_cmp_ps_mask::<_CMP_GT_OQ>(n, t);
-        let fl = _mm512_mask_sub_ps(n, above, n, one);
+        let down = _mm512_add_round_ps::<{ _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC }>(t, two23);
+        let fl = _mm512_sub_ps(down, two23);
         let frac = _mm512_mul_ps(_mm512_sub_ps(t, fl), c256);
         let threshold = _mm512_sub_ps(c256, _mm512_cvtepi32_ps(r));
         let up = _mm512_cmp_ps_mask::<_CMP_GE_OQ>(frac, threshold);

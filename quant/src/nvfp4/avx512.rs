@@ -153,12 +153,11 @@ pub(super) unsafe fn row_group(
 struct Consts {
     abs: __m512i,
     six: __m512,
-    two: __m512,
-    four: __m512,
-    exp1: __m512i,
-    magic_rne: __m512i,
-    inv_step0: __m512i,
-    step0: __m512i,
+    exp: __m512i,
+    one: __m512,
+    magic_shift: __m512i,
+    mant: __m512i,
+    e255: __m512i,
 }
 
 impl Consts {
@@ -168,17 +167,17 @@ impl Consts {
         Consts {
             abs: _mm512_set1_epi32(0x7FFF_FFFF),
             six: _mm512_set1_ps(6.0),
-            two: _mm512_set1_ps(2.0),
-            four: _mm512_set1_ps(4.0),
-            exp1: _mm512_set1_epi32(1 << 23),
-            magic_rne: _mm512_set1_epi32(0x4A80_0000),
-            inv_step0: _mm512_set1_epi32(0x4000_0000),
-            step0: _mm512_set1_epi32(0x3F00_0000),
+            exp: _mm512_set1_epi32(0x7F80_0000),
+            one: _mm512_set1_ps(1.0),
+            magic_shift: _mm512_set1_epi32(22 << 23),
+            mant: _mm512_set1_epi32(1 << 23),
+            e255: _mm512_set1_epi32(255 << 23),
         }
     }
 
-    /// `(bits of y = fl(x · enc), a = min(|y|, 6), e << 23)` with `e` the binade of `a` on
-    /// the E2M1 grid (0 below 2, 1 below 4, else 2): `fast::abs_min6` and its comparisons.
+    /// `(bits of y = fl(x · enc), a = min(|y|, 6), b)` with `b` the binade of `a` on the
+    /// E2M1 grid as bits: `max(2^floor(log2 a), 1)`, so 1 below 2, 2 below 4, else 4 (the
+    /// grid step is `b / 2`): `fast::abs_min6` and its comparisons.
     #[inline]
     #[target_feature(enable = "avx512f")]
     fn scaled(&self, x: __m512, enc: __m512) -> (__m512i, __m512, __m512i) {
@@ -186,39 +185,30 @@ impl Consts {
         let a = _mm512_castsi512_ps(_mm512_and_si512(bits, self.abs));
         // `a < 6 ? a : 6`: MINPS returns its second operand unless the first is smaller.
         let a = _mm512_min_ps(a, self.six);
-        let e = _mm512_setzero_si512();
-        let e = _mm512_mask_add_epi32(
-            e,
-            _mm512_cmp_ps_mask::<_CMP_GE_OQ>(a, self.two),
-            e,
-            self.exp1,
-        );
-        let e = _mm512_mask_add_epi32(
-            e,
-            _mm512_cmp_ps_mask::<_CMP_GE_OQ>(a, self.four),
-            e,
-            self.exp1,
-        );
-        (bits, a, e)
+        // `x > y ? x : y` (MAXPS); a zero's exponent field is 0, below 1.0's
+        let top = _mm512_castsi512_ps(_mm512_and_si512(_mm512_castps_si512(a), self.exp));
+        let b = _mm512_castps_si512(_mm512_max_ps(top, self.one));
+        (bits, a, b)
     }
 
-    /// `fast::fake_rne` on 16 lanes.
+    /// `fast::fake_rne` on 16 lanes: the magic number is `2^22 · b`.
     #[inline]
     #[target_feature(enable = "avx512f")]
     fn fake_rne(&self, x: __m512, enc: __m512, sf: __m512) -> __m512 {
-        let (bits, a, e) = self.scaled(x, enc);
-        let c = _mm512_castsi512_ps(_mm512_add_epi32(self.magic_rne, e));
+        let (bits, a, b) = self.scaled(x, enc);
+        let c = _mm512_castsi512_ps(_mm512_add_epi32(b, self.magic_shift));
         let v = _mm512_sub_ps(_mm512_add_ps(a, c), c);
         signed_product(v, sf, bits)
     }
 
-    /// `fast::fake_sr` on 16 lanes; `r` holds one random byte per lane.
+    /// `fast::fake_sr` on 16 lanes; `r` holds one random byte per lane. The step is `b / 2`
+    /// and its reciprocal `2 / b` (exponent arithmetic on the bits of the power of two `b`).
     #[inline]
     #[target_feature(enable = "avx512f")]
     fn fake_sr(&self, x: __m512, enc: __m512, sf: __m512, r: __m512i) -> __m512 {
-        let (bits, a, e) = self.scaled(x, enc);
-        let inv_step = _mm512_castsi512_ps(_mm512_sub_epi32(self.inv_step0, e));
-        let step = _mm512_castsi512_ps(_mm512_add_epi32(self.step0, e));
+        let (bits, a, b) = self.scaled(x, enc);
+        let step = _mm512_castsi512_ps(_mm512_sub_epi32(b, self.mant));
+        let inv_step = _mm512_castsi512_ps(_mm512_sub_epi32(self.e255, b));
         signed_product(round_sr(a, step, inv_step, r), sf, bits)
     }
 }
