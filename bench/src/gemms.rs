@@ -11,7 +11,10 @@
 //! small, that traffic rather than the arithmetic bounds the BF16 units, and `of_roofline`
 //! takes the larger of the two fractions. Where the CPU has both BF16 units, the `vdpbf16ps`
 //! kernel that training leaves to the tiles is timed too (`bf16_pairs`, against its own
-//! peak): it is the kernel CPUs without AMX train on. Where the E2M1 block GEMM runs
+//! peak): it is the kernel CPUs without AMX train on. Wherever a BF16 kernel runs, it is also
+//! timed alone on the same operands packed once (`bf16_prepacked`, `PackedPair`): the
+//! product without rounding and packing its f32 operands, its f32 output still written, to
+//! tell the kernel's share of the gap to the peak from the operands'. Where the E2M1 block GEMM runs
 //! (`quant::gemm::e2m1`, AVX2 CPUs without BF16 units), the NVFP4 GEMM is measured against
 //! the byte dot product's peak (`vpmaddubsw`) and the kernel alone on NVFP4 values (`e2m1`,
 //! operand packing included) too. One process per thread count; every figure here is
@@ -20,7 +23,9 @@
 use std::hint::black_box;
 
 use anyhow::Result;
-use quant::gemm::bf16::{bf16_gemm_tn, quantized_gemm_tn, Bf16Arithmetic, Bf16Workspace};
+use quant::gemm::bf16::{
+    bf16_gemm_tn, quantized_gemm_tn, Bf16Arithmetic, Bf16Workspace, PackedPair,
+};
 use quant::gemm::{sgemm, MatRef};
 use quant::qgemm::{quantized_matmul_tn, Operand};
 use quant::{GemmPolicy, OperandQuant, Quantizer, RngKey, Usage};
@@ -143,6 +148,10 @@ pub fn suite(threads: usize, rounds: usize) -> Result<Vec<Metric>> {
         let (vfa, vfb) = (MatRef::row_major(&fa, m, k), MatRef::row_major(&fb, n, k));
         let mut o7 = vec![0.0f32; m * n];
         let mut e2m1_ws = quant::gemm::e2m1::E2m1Workspace::new();
+        // the BF16 operands packed once: the kernel alone, where a BF16 kernel runs
+        let mut prepacked = PackedPair::new(vab, vbb);
+        let kernel_alone = prepacked.is_some();
+        let mut o8 = vec![0.0f32; m * n];
         let mut cases = vec![
             Case::new("f32", || {
                 pool.install(|| sgemm(1.0, va, vb.t(), 0.0, black_box(&mut o1)))
@@ -172,6 +181,12 @@ pub fn suite(threads: usize, rounds: usize) -> Result<Vec<Metric>> {
                 pool.install(|| bf16_gemm_tn(Bf16Arithmetic::Pairs, a, b, o, &mut pairs_ws))
             }));
         }
+        if let Some(pair) = prepacked.as_mut() {
+            cases.push(Case::new("bf16_prepacked", || {
+                let o = black_box(&mut o8);
+                pool.install(|| pair.gemm(o))
+            }));
+        }
         if e2m1 {
             cases.push(Case::new("e2m1", || {
                 let (a, b, o) = (vfa, vfb, black_box(&mut o7));
@@ -190,6 +205,9 @@ pub fn suite(threads: usize, rounds: usize) -> Result<Vec<Metric>> {
         ];
         if pairs_too {
             cases.push(("bf16_pairs", Unit::Dpbf16));
+        }
+        if kernel_alone {
+            cases.push(("bf16_prepacked", bf16_unit));
         }
         if e2m1 {
             cases.push(("e2m1", Unit::ByteDot));
@@ -212,6 +230,10 @@ pub fn suite(threads: usize, rounds: usize) -> Result<Vec<Metric>> {
                     Better::Higher,
                     format!("{case} GEMM GFLOP/s / {} peak, {shape}", unit.name()),
                 ));
+            }
+            if case == "bf16_prepacked" {
+                // it reads no f32 operand: the f32 traffic pass is no bound for it
+                continue;
             }
             let of_traffic = r.ratio("traffic", case);
             out.push(Metric::reported_ratio(

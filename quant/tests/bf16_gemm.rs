@@ -2,7 +2,10 @@
 //! dispatched path, which is the hardware unit where the CPU has it, and on the portable
 //! one), independence of M and of the split, and f64 bounds.
 
-use quant::gemm::bf16::{bf16_gemm_tn, bf16_gemm_tn_portable, Bf16Arithmetic, Bf16Workspace};
+use quant::gemm::bf16::{
+    bf16_gemm_tn, bf16_gemm_tn_portable, quantized_gemm_arithmetic, quantized_gemm_tn,
+    Bf16Arithmetic, Bf16Workspace, PackedPair,
+};
 use quant::gemm::MatRef;
 
 const BOTH: [Bf16Arithmetic; 2] = [Bf16Arithmetic::Tiles, Bf16Arithmetic::Pairs];
@@ -514,6 +517,47 @@ fn transposed_views_pack_the_same_bits_on_any_pool() {
             let mut got = vec![f32::NAN; m * n];
             pool.install(|| bf16_gemm_tn(arith, av, bv, &mut got, &mut ws));
             assert_eq!(got, want, "{arith:?}, {threads} threads");
+        }
+    }
+}
+
+/// Operands packed once ([`PackedPair`]) give the product of the GEMM that packs them, bit
+/// for bit, for row-major and transposed views, partial blocks and chunks, on any pool, and
+/// again on a second call; where no BF16 kernel runs there is nothing to pack.
+#[test]
+fn a_packed_pair_multiplies_to_the_same_bits() {
+    let mut rnd = lcg(21);
+    for (m, n, k) in [(70, 45, 1000), (33, 17, 40), (64, 96, 256), (1, 1, 1)] {
+        let a: Vec<f32> = (0..m * k).map(|_| rnd() * 5.0).collect();
+        let b: Vec<f32> = (0..n * k).map(|_| rnd()).collect();
+        let (av, bv) = (MatRef::row_major(&a, m, k), MatRef::row_major(&b, n, k));
+        let mut want = vec![0.0f32; m * n];
+        quantized_gemm_tn(av, bv, &mut want, &mut Bf16Workspace::new());
+        // the same values through transposed views
+        let at: Vec<f32> = (0..m * k).map(|j| a[(j % m) * k + j / m]).collect();
+        let tv = MatRef::row_major(&at, k, m).t();
+        for (label, view) in [("row-major", av), ("transposed", tv)] {
+            let Some(mut pair) = PackedPair::new(view, bv) else {
+                assert!(quantized_gemm_arithmetic().is_none());
+                eprintln!("SKIP: no BF16 kernel on this CPU, so no operand is ever packed");
+                return;
+            };
+            assert_eq!(pair.dims(), (m, n, k));
+            for threads in 1..=3 {
+                let pool = rayon::ThreadPoolBuilder::new()
+                    .num_threads(threads)
+                    .build()
+                    .unwrap();
+                for call in 0..2 {
+                    let mut got = vec![f32::NAN; m * n];
+                    pool.install(|| pair.gemm(&mut got));
+                    let same = got
+                        .iter()
+                        .zip(&want)
+                        .all(|(g, w)| g.to_bits() == w.to_bits());
+                    assert!(same, "{m}x{n}x{k} {label}, {threads} threads, call {call}");
+                }
+            }
         }
     }
 }

@@ -431,6 +431,77 @@ impl PackedB {
     }
 }
 
+/// Both operands of [`quantized_gemm_tn`] packed once, so that [`PackedPair::gemm`] runs the
+/// BF16 kernel alone: the product's time without the operands' rounding and packing (what
+/// `bench gemms` reports as the kernel alone). The tiles are exactly those the GEMM would pack
+/// from the same views, so the product is the same bits. Made only where a BF16 kernel runs.
+#[derive(Debug)]
+pub struct PackedPair {
+    ws: Bf16Workspace,
+    m: usize,
+    n: usize,
+    k: usize,
+}
+
+impl PackedPair {
+    /// `a: [M, K]` packed as A and `b: [N, K]` as B (any strides), or `None` where no BF16
+    /// kernel runs.
+    ///
+    /// # Panics
+    /// If the K dimensions differ or a view does not fit its storage.
+    ///
+    /// ```
+    /// use quant::gemm::{bf16::{quantized_gemm_tn, Bf16Workspace, PackedPair}, MatRef};
+    /// let a = [1.0f32, 2.0, 3.0, 4.0]; // [2, 2]
+    /// let b = [1.0f32, 0.0, 0.0, 1.0, 1.0, 1.0]; // [3, 2]
+    /// let (av, bv) = (MatRef::row_major(&a, 2, 2), MatRef::row_major(&b, 3, 2));
+    /// if let Some(mut pair) = PackedPair::new(av, bv) {
+    ///     let (mut once, mut packed) = ([0.0f32; 6], [0.0f32; 6]);
+    ///     pair.gemm(&mut packed);
+    ///     quantized_gemm_tn(av, bv, &mut once, &mut Bf16Workspace::new());
+    ///     assert_eq!(packed, once);
+    ///     assert_eq!(packed, [1.0, 2.0, 3.0, 3.0, 4.0, 7.0]);
+    /// }
+    /// ```
+    pub fn new(a: MatRef<'_>, b: MatRef<'_>) -> Option<PackedPair> {
+        quantized_gemm_arithmetic()?;
+        assert_eq!(a.cols, b.cols, "PackedPair::new: K differs");
+        assert!(
+            a.fits() && b.fits(),
+            "PackedPair::new: a view exceeds its storage"
+        );
+        let mut ws = Bf16Workspace::new();
+        pack_view(a, true, &mut ws.a);
+        pack_view(b, false, &mut ws.b);
+        Some(PackedPair {
+            ws,
+            m: a.rows,
+            n: b.rows,
+            k: a.cols,
+        })
+    }
+
+    /// `(M, N, K)` of the product.
+    pub fn dims(&self) -> (usize, usize, usize) {
+        (self.m, self.n, self.k)
+    }
+
+    /// `out = A · Bᵀ` (row-major `[M, N]`) from the packed tiles, on the current rayon
+    /// pool: [`quantized_gemm_tn`] without its packing.
+    ///
+    /// # Panics
+    /// If `out` does not hold `M · N` elements.
+    pub fn gemm(&mut self, out: &mut [f32]) {
+        let (m, n, k) = (self.m, self.n, self.k);
+        let side = |rows| Side::Packed {
+            rows,
+            k,
+            chunk_major: false,
+        };
+        quantized_gemm_sides(side(m), side(n), out, &mut self.ws);
+    }
+}
+
 /// [`quantized_gemm_tn`] on operands that may come packed already (quantized straight into
 /// the tile layout, see [`super::pack::pack_panels`]). Only where a BF16 kernel runs
 /// ([`quantized_gemm_rounds_inputs`]): the packed tiles are the input format of both.

@@ -308,12 +308,19 @@ fn gemms(s: &mut String, metrics: &[Metric]) {
         return;
     }
     let peak = |unit: &str, t: u32| find(metrics, &format!("machine/peak_{unit}/gflops_{t}t"));
-    let pairs = metrics
-        .iter()
-        .any(|m| m.name.starts_with("quant/gemm_bf16_pairs_"));
+    let has = |case: &str| {
+        let prefix = format!("quant/gemm_{case}_");
+        metrics.iter().any(|m| m.name.starts_with(&prefix))
+    };
+    let (pairs, alone) = (has("bf16_pairs"), has("bf16_prepacked"));
     let _ = writeln!(
         s,
-        "\nGEMMs on the training shapes (reported), GFLOP/s (fraction of the instruction's measured peak; fraction of the roofline, the longer of that peak's arithmetic and one pass reading both f32 operands and writing the output), 1 / 2 threads. Peaks: f32 on FP32 FMA; the others on the BF16 unit their GEMM runs on, AMX-BF16 or else `vdpbf16ps` where present, else FP32 FMA. The NVFP4 and MXFP8 GEMMs include quantizing their f32 operands.{} Peaks here: FP32 FMA {} / {}, `vdpbf16ps` {} / {}, AMX-BF16 {} / {} GFLOP/s.\n\n| shape (M x N x K) | f32 | bf16 | nvfp4 | mxfp8 | bf16 over f32 |{}\n|---|---:|---:|---:|---:|---:|{}",
+        "\nGEMMs on the training shapes (reported), GFLOP/s (fraction of the instruction's measured peak; fraction of the roofline, the longer of that peak's arithmetic and one pass reading both f32 operands and writing the output), 1 / 2 threads. Peaks: f32 on FP32 FMA; the others on the BF16 unit their GEMM runs on, AMX-BF16 or else `vdpbf16ps` where present, else FP32 FMA. The NVFP4 and MXFP8 GEMMs include quantizing their f32 operands.{}{} Peaks here: FP32 FMA {} / {}, `vdpbf16ps` {} / {}, AMX-BF16 {} / {} GFLOP/s.\n\n| shape (M x N x K) | f32 | bf16 | nvfp4 | mxfp8 | bf16 over f32 |{}{}\n|---|---:|---:|---:|---:|---:|{}{}",
+        if alone {
+            " `bf16 kernel alone` times the BF16 GEMM's kernel on the same operands packed once (no f32 operand read, rounded or packed; the f32 output still written)."
+        } else {
+            ""
+        },
         if pairs {
             " Where the CPU has both units, the last column times the `vdpbf16ps` kernel (the one CPUs without AMX train on) on the same BF16 operands, against its own peak."
         } else {
@@ -325,7 +332,9 @@ fn gemms(s: &mut String, metrics: &[Metric]) {
         dash0(peak("bf16_dot", 2)),
         dash0(peak("amx_bf16", 1)),
         dash0(peak("amx_bf16", 2)),
+        if alone { " bf16 kernel alone |" } else { "" },
         if pairs { " bf16 on `vdpbf16ps` |" } else { "" },
+        if alone { "---:|" } else { "" },
         if pairs { "---:|" } else { "" },
     );
     for shape in shapes {
@@ -350,14 +359,17 @@ fn gemms(s: &mut String, metrics: &[Metric]) {
             find(metrics, &format!("quant/gemm_bf16_{shape}/vs_f32_{t}t"))
                 .map_or("-".into(), |x| format!("{x:.2}x"))
         };
-        let pairs_cell = if pairs {
-            format!(" {} |", cell("bf16_pairs"))
-        } else {
-            String::new()
+        let extra = |on: bool, case: &str| {
+            if on {
+                format!(" {} |", cell(case))
+            } else {
+                String::new()
+            }
         };
+        let (alone_cell, pairs_cell) = (extra(alone, "bf16_prepacked"), extra(pairs, "bf16_pairs"));
         let _ = writeln!(
             s,
-            "| `{shape}` | {} | {} | {} | {} | {} / {} |{pairs_cell}",
+            "| `{shape}` | {} | {} | {} | {} | {} / {} |{alone_cell}{pairs_cell}",
             cell("f32"),
             cell("bf16"),
             cell("nvfp4"),
@@ -457,6 +469,26 @@ mod tests {
             "{s}"
         );
         assert!(s.contains("| 2.50x / - | 101 (0.83) / - |"), "{s}");
+        assert!(!s.contains("kernel alone"), "{s}");
+        // with the kernel alone timed too: its column before the pairs'
+        with_pairs.push(reported(
+            "quant/gemm_bf16_prepacked_small_fprop_up/gflops_1t",
+            450.0,
+        ));
+        with_pairs.push(reported(
+            "quant/gemm_bf16_prepacked_small_fprop_up/of_peak_1t",
+            0.14,
+        ));
+        let mut s = String::new();
+        gemms(&mut s, &with_pairs);
+        assert!(
+            s.contains("| bf16 over f32 | bf16 kernel alone | bf16 on `vdpbf16ps` |\n|---|---:|---:|---:|---:|---:|---:|---:|"),
+            "{s}"
+        );
+        assert!(
+            s.contains("| 2.50x / - | 450 (0.14) / - | 101 (0.83) / - |"),
+            "{s}"
+        );
         // a quick run has neither: nothing is written
         let mut empty = String::new();
         base_steps(&mut empty, &[]);
