@@ -486,6 +486,12 @@ impl PackedPair {
         (self.m, self.n, self.k)
     }
 
+    /// Bytes of the packed tiles of both operands (K padded to whole chunks, rows to whole
+    /// 32-row blocks): what [`PackedPair::gemm`] reads at the least.
+    pub fn packed_bytes(&self) -> usize {
+        (self.ws.a.len() + self.ws.b.len()) * 4
+    }
+
     /// `out = A · Bᵀ` (row-major `[M, N]`) from the packed tiles, on the current rayon
     /// pool: [`quantized_gemm_tn`] without its packing.
     ///

@@ -317,7 +317,7 @@ fn gemms(s: &mut String, metrics: &[Metric]) {
         s,
         "\nGEMMs on the training shapes (reported), GFLOP/s (fraction of the instruction's measured peak; fraction of the roofline, the longer of that peak's arithmetic and one pass reading both f32 operands and writing the output), 1 / 2 threads. Peaks: f32 on FP32 FMA; the others on the BF16 unit their GEMM runs on, AMX-BF16 or else `vdpbf16ps` where present, else FP32 FMA. The NVFP4 and MXFP8 GEMMs include quantizing their f32 operands.{}{} Peaks here: FP32 FMA {} / {}, `vdpbf16ps` {} / {}, AMX-BF16 {} / {} GFLOP/s.\n\n| shape (M x N x K) | f32 | bf16 | nvfp4 | mxfp8 | bf16 over f32 |{}{}\n|---|---:|---:|---:|---:|---:|{}{}",
         if alone {
-            " `bf16 kernel alone` times the BF16 GEMM's kernel on the same operands packed once (no f32 operand read, rounded or packed; the f32 output still written)."
+            " `bf16 kernel alone` times the BF16 GEMM's kernel on the same operands packed once (no f32 operand read, rounded or packed; the f32 output still written), its roofline from one pass reading the packed tiles and writing the output."
         } else {
             ""
         },
