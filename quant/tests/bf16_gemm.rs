@@ -527,7 +527,13 @@ fn transposed_views_pack_the_same_bits_on_any_pool() {
 #[test]
 fn a_packed_pair_multiplies_to_the_same_bits() {
     let mut rnd = lcg(21);
-    for (m, n, k) in [(70, 45, 1000), (33, 17, 40), (64, 96, 256), (1, 1, 1)] {
+    for (m, n, k) in [
+        (70, 45, 1000),
+        (33, 17, 40),
+        (64, 96, 256),
+        (1, 1, 1),
+        (5, 3, 0),
+    ] {
         let a: Vec<f32> = (0..m * k).map(|_| rnd() * 5.0).collect();
         let b: Vec<f32> = (0..n * k).map(|_| rnd()).collect();
         let (av, bv) = (MatRef::row_major(&a, m, k), MatRef::row_major(&b, n, k));
