@@ -210,22 +210,33 @@ pub fn suite(threads: usize, rounds: usize) -> Result<Vec<Metric>> {
         let r = run_rounds(&mut cases, rounds, 3, Clock::Wall);
         let flops = 2.0 * (m * n * k) as f64;
         let shape = format!("{m}x{n}x{k}, {threads} thread(s)");
+        // each case, the unit whose peak it is measured against, and the pass timing its
+        // least memory traffic
+        let f32_traffic = (
+            "traffic",
+            "reads both f32 operands and writes the output (the least traffic of any GEMM of them)",
+        );
         let mut cases = vec![
-            ("f32", Unit::Fma),
-            ("bf16", bf16_unit),
-            ("nvfp4", nvfp4_unit),
-            ("mxfp8", bf16_unit),
+            ("f32", Unit::Fma, f32_traffic),
+            ("bf16", bf16_unit, f32_traffic),
+            ("nvfp4", nvfp4_unit, f32_traffic),
+            ("mxfp8", bf16_unit, f32_traffic),
         ];
         if pairs_too {
-            cases.push(("bf16_pairs", Unit::Dpbf16));
+            cases.push(("bf16_pairs", Unit::Dpbf16, f32_traffic));
         }
         if kernel_alone {
-            cases.push(("bf16_prepacked", bf16_unit));
+            // it reads no f32 operand: its least traffic is its tiles'
+            let tiles = (
+                "traffic_prepacked",
+                "reads the packed BF16 tiles of both operands and writes the output (the least traffic of the kernel alone)",
+            );
+            cases.push(("bf16_prepacked", bf16_unit, tiles));
         }
         if e2m1 {
-            cases.push(("e2m1", Unit::ByteDot));
+            cases.push(("e2m1", Unit::ByteDot, f32_traffic));
         }
-        for (case, unit) in cases {
+        for (case, unit, (traffic, what)) in cases {
             let g = flops / r.median_secs(case) / 1e9;
             out.push(Metric::absolute(
                 format!("quant/gemm_{case}_{name}/gflops_{threads}t"),
@@ -244,18 +255,7 @@ pub fn suite(threads: usize, rounds: usize) -> Result<Vec<Metric>> {
                     format!("{case} GEMM GFLOP/s / {} peak, {shape}", unit.name()),
                 ));
             }
-            // the kernel alone reads no f32 operand: its least traffic is its tiles'
-            let (of_traffic, what) = if case == "bf16_prepacked" {
-                (
-                    r.ratio("traffic_prepacked", case),
-                    "reads the packed BF16 tiles of both operands and writes the output (the least traffic of the kernel alone)",
-                )
-            } else {
-                (
-                    r.ratio("traffic", case),
-                    "reads both f32 operands and writes the output (the least traffic of any GEMM of them)",
-                )
-            };
+            let of_traffic = r.ratio(traffic, case);
             out.push(Metric::reported_ratio(
                 format!("quant/gemm_{case}_{name}/of_traffic_{threads}t"),
                 of_traffic,
