@@ -348,7 +348,7 @@ enum Sink<'a> {
     /// first flag is true): as the `[rows, cols]` operand ([`crate::gemm::pack::pack_panels`]),
     /// or, when the second flag is true, as its transpose, chunk-major
     /// ([`crate::gemm::pack::pack_panels_chunk_major`]).
-    Packed(bool, bool, &'a mut Vec<u32>),
+    Packed(bool, bool, &'a mut crate::gemm::TileWords),
 }
 
 /// What one cast of a tensor used and found.
@@ -611,7 +611,7 @@ pub(crate) fn fake_quantize_packed(
     x: MatRef<'_>,
     state: &mut QuantState,
     a_layout: bool,
-    buf: &mut Vec<u32>,
+    buf: &mut crate::gemm::TileWords,
 ) -> Result<Option<(f32, bool)>, QuantError> {
     let columnwise = qz.usage() == Usage::Columnwise;
     let sr = qz.spec().rounding == RoundingMode::Stochastic;

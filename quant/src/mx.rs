@@ -410,7 +410,7 @@ pub(crate) fn fake_quantize_packed(
     q: &OperandQuant,
     key: RngKey,
     a_layout: bool,
-    buf: &mut Vec<u32>,
+    buf: &mut crate::gemm::TileWords,
 ) -> Result<Option<(f32, bool)>, QuantError> {
     let c = settings(q, usage, key)?;
     panel::check_len(x, rows, cols)?;

@@ -934,7 +934,7 @@ pub(crate) fn fake_quantize_packed(
     q: &OperandQuant,
     key: RngKey,
     a_layout: bool,
-    buf: &mut Vec<u32>,
+    buf: &mut crate::gemm::TileWords,
 ) -> Result<Option<(f32, bool)>, QuantError> {
     let plan = Plan::new(x, rows, cols, usage, q, key)?;
     if plan.fos.is_some() || plan.is_empty() {

@@ -660,7 +660,7 @@ fn quant_state<'s>(
 fn prepare<'a>(
     op: Operand<'a>,
     buf: &'a mut Vec<f32>,
-    tiles: (&mut Vec<u32>, bool),
+    tiles: (&mut crate::gemm::TileWords, bool),
     gemm_rounds: bool,
 ) -> Result<(Side<'a>, f32), QuantError> {
     let (outer, k) = op.gemm_shape();

@@ -321,7 +321,7 @@ impl Quantizer {
         x: MatRef<'_>,
         state: &mut QuantState,
         a_layout: bool,
-        buf: &mut Vec<u32>,
+        buf: &mut crate::gemm::TileWords,
     ) -> Result<Option<(f32, bool)>, QuantError> {
         let (d, shape) = (x.contiguous()?, (x.rows, x.cols, self.usage));
         let (q, k) = (&self.spec, self.key);

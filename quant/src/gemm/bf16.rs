@@ -41,6 +41,7 @@ use rayon::prelude::*;
 
 use super::pack::{pack_view, packed_row_tiles};
 use super::MatRef;
+use super::TileWords;
 
 /// K elements per chunk (one AMX tile row of BF16 pairs).
 pub const CHUNK: usize = 32;
@@ -244,9 +245,9 @@ impl Unit {
 #[derive(Debug, Default)]
 pub struct Bf16Workspace {
     /// Packed A tiles (filled by the GEMM, or by [`super::pack::pack_panels`]).
-    pub(crate) a: Vec<u32>,
+    pub(crate) a: TileWords,
     /// Packed B tiles.
-    pub(crate) b: Vec<u32>,
+    pub(crate) b: TileWords,
 }
 
 impl Bf16Workspace {
@@ -392,7 +393,7 @@ impl Side<'_> {
 /// the products are the same bits. Made only where a BF16 kernel runs.
 #[derive(Clone, Debug)]
 pub struct PackedB {
-    words: Vec<u32>,
+    words: TileWords,
     rows: usize,
     k: usize,
 }
@@ -416,7 +417,7 @@ impl PackedB {
     pub fn new(b: MatRef<'_>) -> Option<PackedB> {
         quantized_gemm_arithmetic()?;
         assert!(b.fits(), "PackedB::new: the view exceeds its storage");
-        let mut words = Vec::new();
+        let mut words = TileWords::default();
         pack_view(b, false, &mut words);
         Some(PackedB {
             words,

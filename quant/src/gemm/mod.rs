@@ -17,6 +17,8 @@ pub mod e2m1;
 #[cfg(target_arch = "x86_64")]
 mod fma_pairs;
 pub(crate) mod pack;
+mod tile_words;
+pub(crate) use tile_words::TileWords;
 #[cfg(target_arch = "x86_64")]
 mod pack_avx2;
 #[cfg(target_arch = "x86_64")]

@@ -46,7 +46,7 @@ const AVX512: u8 = 2;
 ///
 /// The threads split the operand by groups of 16-row blocks, or a transposed view by runs of
 /// K ([`by_k_runs`]).
-pub(super) fn pack_view(x: MatRef<'_>, a_layout: bool, buf: &mut Vec<u32>) {
+pub(super) fn pack_view(x: MatRef<'_>, a_layout: bool, buf: &mut crate::gemm::TileWords) {
     let (kc, row_tiles, len) = tile_buffer(x.rows, x.cols, buf);
     if len == 0 {
         return;
@@ -496,7 +496,7 @@ pub(crate) fn pack_panels<S, P>(
     rows: usize,
     k: usize,
     a_layout: bool,
-    buf: &mut Vec<u32>,
+    buf: &mut crate::gemm::TileWords,
     merge: fn(S, S) -> S,
     panel: P,
 ) -> S
@@ -537,7 +537,7 @@ pub(crate) fn pack_panels_chunk_major<S, P>(
     rows: usize,
     k: usize,
     a_layout: bool,
-    buf: &mut Vec<u32>,
+    buf: &mut crate::gemm::TileWords,
     merge: fn(S, S) -> S,
     panel: P,
 ) -> S
@@ -567,13 +567,11 @@ where
 
 /// The tiles of an `[rows, k]` operand: `(⌈k / 32⌉, packed_row_tiles(rows), words)`, with
 /// `buf` grown to at least `words`.
-fn tile_buffer(rows: usize, k: usize, buf: &mut Vec<u32>) -> (usize, usize, usize) {
+fn tile_buffer(rows: usize, k: usize, buf: &mut crate::gemm::TileWords) -> (usize, usize, usize) {
     let kc = k.div_ceil(CHUNK);
     let row_tiles = packed_row_tiles(rows);
     let len = row_tiles * kc * TILE_WORDS;
-    if buf.len() < len {
-        buf.resize(len, 0);
-    }
+    buf.grow_to(len);
     (kc, row_tiles, len)
 }
 

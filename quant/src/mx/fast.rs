@@ -521,7 +521,7 @@ pub(super) fn fake_quantize_packed(
     (rows, cols, columnwise): (usize, usize, bool),
     c: &MxCast,
     a_layout: bool,
-    buf: &mut Vec<u32>,
+    buf: &mut crate::gemm::TileWords,
 ) -> PanelStats {
     let merge = PanelStats::merge;
     if columnwise {

@@ -583,7 +583,7 @@ pub(super) fn fake_quantize_packed(
     x: &[f32],
     plan: &Plan,
     a_layout: bool,
-    buf: &mut Vec<u32>,
+    buf: &mut crate::gemm::TileWords,
 ) -> Result<f32, QuantError> {
     debug_assert!(plan.usage == Usage::Rowwise && plan.fos.is_none() && plan.mask.is_none());
     let g = Scaling::new(global_amax(x, plan)?, None).g;
@@ -851,7 +851,7 @@ pub(super) fn fake_quantize_packed_source(
     x: &[f32],
     plan: &Plan,
     a_layout: bool,
-    buf: &mut Vec<u32>,
+    buf: &mut crate::gemm::TileWords,
 ) -> Result<Option<f32>, QuantError> {
     debug_assert!(plan.usage == Usage::Columnwise && plan.fos.is_none() && !plan.is_empty());
     let (cols, k) = (plan.rows, plan.cols);
