@@ -123,6 +123,19 @@ impl<'a> MatRef<'a> {
         Ok(m.data)
     }
 
+    /// The sub-view of rows `r0 .. r0 + rows` and columns `c0 .. c0 + cols` (which must lie
+    /// in this view, and `rows, cols >= 1`); it fits its storage when this view does.
+    pub(crate) fn block(&self, r0: usize, rows: usize, c0: usize, cols: usize) -> MatRef<'a> {
+        debug_assert!(rows >= 1 && cols >= 1 && r0 + rows <= self.rows && c0 + cols <= self.cols);
+        MatRef {
+            data: &self.data[r0 * self.row_stride + c0 * self.col_stride..],
+            rows,
+            cols,
+            row_stride: self.row_stride,
+            col_stride: self.col_stride,
+        }
+    }
+
     /// Whether every element of the view lies in `data` (strides whose offsets overflow
     /// `usize` do not fit: the GEMMs' AVX-512 packing reads through raw pointers).
     pub(crate) fn fits(&self) -> bool {

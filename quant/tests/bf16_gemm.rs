@@ -418,10 +418,13 @@ fn every_operand_layout_packs_the_same_bits() {
         (5, 48, 33),
         (33, 17, 1),
         (40, 50, 700),
+        // K in two slabs of the GEMM's K loop, rows in a partial 32-row block
+        (70, 40, 2100),
     ] {
         let a: Vec<f32> = (0..m * k).map(|_| rnd() * 7.0).collect();
         let b: Vec<f32> = (0..n * k).map(|_| rnd()).collect();
-        // the same matrices stored transposed (with a padded row) and with both strides > 1
+        // the same matrices stored transposed (with a padded row), with both strides > 1 and
+        // row-major with padded rows
         let tr = |x: &[f32], rows: usize| -> Vec<f32> {
             let mut t = vec![f32::NAN; k * (rows + 3)];
             for i in 0..rows {
@@ -438,9 +441,29 @@ fn every_operand_layout_packs_the_same_bits() {
             }
             w
         };
+        // row-major with padded rows (K contiguous, as the attention products' head views)
+        let padded = |x: &[f32], rows: usize| -> Vec<f32> {
+            let mut p = vec![f32::NAN; rows * (k + 5)];
+            for i in 0..rows {
+                p[i * (k + 5)..][..k].copy_from_slice(&x[i * k..][..k]);
+            }
+            p
+        };
         let (at, bt, aw, bw) = (tr(&a, m), tr(&b, n), wide(&a, m), wide(&b, n));
-        fn views<'a>(xt: &'a [f32], xw: &'a [f32], rows: usize, k: usize) -> [MatRef<'a>; 2] {
+        let (ap, bp) = (padded(&a, m), padded(&b, n));
+        fn views<'a>(
+            (xt, xw, xp): (&'a [f32], &'a [f32], &'a [f32]),
+            rows: usize,
+            k: usize,
+        ) -> [MatRef<'a>; 3] {
             [
+                MatRef {
+                    data: xp,
+                    rows,
+                    cols: k,
+                    row_stride: k + 5,
+                    col_stride: 1,
+                },
                 MatRef {
                     data: xt,
                     rows,
@@ -469,11 +492,11 @@ fn every_operand_layout_packs_the_same_bits() {
         );
         let av = [MatRef::row_major(&a, m, k)]
             .into_iter()
-            .chain(views(&at, &aw, m, k));
+            .chain(views((&at, &aw, &ap), m, k));
         for (ia, va) in av.enumerate() {
             let bv = [MatRef::row_major(&b, n, k)]
                 .into_iter()
-                .chain(views(&bt, &bw, n, k));
+                .chain(views((&bt, &bw, &bp), n, k));
             for (ib, vb) in bv.enumerate() {
                 let mut got = vec![f32::NAN; m * n];
                 bf16_gemm_tn(arith, va, vb, &mut got, &mut ws);

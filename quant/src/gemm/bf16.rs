@@ -37,6 +37,8 @@
 //! depends only on its row of A and its row of B, so the result is the same for any M, N,
 //! thread count or parallel split.
 
+use std::cell::Cell;
+
 use rayon::prelude::*;
 
 use super::pack::{pack_view, packed_row_tiles};
@@ -244,7 +246,9 @@ impl Unit {
 /// Packed operands, reusable across calls.
 #[derive(Debug, Default)]
 pub struct Bf16Workspace {
-    /// Packed A tiles (filled by the GEMM, or by [`super::pack::pack_panels`]).
+    /// Packed A tiles (filled by the GEMM for a transposed view of A, or by
+    /// [`super::pack::pack_panels`]; a view with K contiguous is packed block by block into
+    /// each thread's own buffer instead).
     pub(crate) a: TileWords,
     /// Packed B tiles.
     pub(crate) b: TileWords,
@@ -546,11 +550,22 @@ fn gemm_sides(unit: Unit, a: Side<'_>, b: Side<'_>, out: &mut [f32], ws: &mut Bf
     let kc = k.div_ceil(CHUNK);
     let (mb, nb) = (m.div_ceil(BLOCK), n.div_ceil(BLOCK));
     debug_assert_eq!((mb * 2, nb * 2), (packed_row_tiles(m), packed_row_tiles(n)));
-    match a {
-        Side::View(a) => pack_view(a, true, &mut ws.a),
-        Side::Packed { .. } => assert!(ws.a.len() >= mb * 2 * kc * TILE_WORDS),
+    // A view of A with K contiguous is packed block by block by the task that multiplies it
+    // (below): its tiles go from the packing to the kernel through the core's cache, not
+    // memory. A transposed view (the Wgrad operands) is packed whole first, by runs of K
+    // (`pack_view`): per block, its short strided K lines took longer than the round trip.
+    let a_view = match a {
+        Side::View(a) if a.col_stride == 1 => Some(a),
+        Side::View(a) => {
+            pack_view(a, true, &mut ws.a);
+            None
+        }
+        Side::Packed { .. } => {
+            assert!(ws.a.len() >= mb * 2 * kc * TILE_WORDS);
+            None
+        }
         Side::PackedB(_) => panic!("bf16_gemm_tn: B's tiles given as operand A"),
-    }
+    };
     let pb: &[u32] = match b {
         Side::View(b) => {
             pack_view(b, false, &mut ws.b);
@@ -573,6 +588,7 @@ fn gemm_sides(unit: Unit, a: Side<'_>, b: Side<'_>, out: &mut [f32], ws: &mut Bf
         .enumerate()
         .for_each(|(g, rows)| {
             let mut c = [0.0f32; BLOCK * BLOCK];
+            let mut own = A_BLOCK.with(Cell::take);
             #[cfg(target_arch = "x86_64")]
             let _cfg = (unit == Unit::Amx).then(super::amx::TileConfig::load);
             for k0 in (0..kc).step_by(slab) {
@@ -580,7 +596,14 @@ fn gemm_sides(unit: Unit, a: Side<'_>, b: Side<'_>, out: &mut [f32], ws: &mut Bf
                 let acc = k0 > 0;
                 for (bi, rows) in rows.chunks_mut(BLOCK * n).enumerate() {
                     let ib = g * group + bi;
-                    let a_blk = la.tiles(pa, ib, k0, kn);
+                    let a_blk = match a_view {
+                        Some(a) => {
+                            own.grow_to(2 * kn * TILE_WORDS);
+                            super::pack::pack_a_block(a, ib, (k0, kn), &mut own);
+                            Layout { run: kn, step: 1 }.tiles(&own, 0, 0, kn)
+                        }
+                        None => la.tiles(pa, ib, k0, kn),
+                    };
                     let m_here = rows.len() / n;
                     for jb in 0..nb {
                         let b_blk = lb.tiles(pb, jb, k0, kn);
@@ -605,7 +628,14 @@ fn gemm_sides(unit: Unit, a: Side<'_>, b: Side<'_>, out: &mut [f32], ws: &mut Bf
                     }
                 }
             }
+            A_BLOCK.with(|cell| cell.set(own));
         });
+}
+
+thread_local! {
+    /// Each thread's tiles of the A block it multiplies (see [`gemm_sides`]), kept between
+    /// calls: at most 2 x 64 tiles (128 KiB), which stay in the core's cache.
+    static A_BLOCK: Cell<TileWords> = Cell::new(TileWords::default());
 }
 
 /// Where a packed operand's tiles lie: tile `(i, t)` (rows `16i ..`, chunk `t`) at tile

@@ -469,6 +469,17 @@ pub(super) fn wide_packing() -> bool {
     false
 }
 
+/// Packs the A tiles of the 32-row block `ib` of `x: [M, K]` for chunks `k0 .. k0 + kn`
+/// into `tiles` (`2 · kn` tiles; tile `(i, t)` of the block at tile index `i · kn + t`):
+/// the same words as those tiles of [`pack_view`] (`a_layout`), for a GEMM that packs A
+/// block by block as it goes. `ib` must hold rows of `x` and `k0` chunks of it.
+pub(super) fn pack_a_block(x: MatRef<'_>, ib: usize, (k0, kn): (usize, usize), tiles: &mut [u32]) {
+    let (r0, c0) = (ib * 2 * TILE, k0 * CHUNK);
+    let (rows, cols) = ((x.rows - r0).min(2 * TILE), (x.cols - c0).min(kn * CHUNK));
+    let tiles = &mut tiles[..2 * kn * TILE_WORDS];
+    pack_dispatch(x.block(r0, rows, c0, cols), kn, 0, tiles, (true, false));
+}
+
 /// 16-row tiles of a packed operand of `rows` rows: whole 32-row blocks (the GEMM computes
 /// 2 x 2 tiles per call), the padding tile zero.
 pub(crate) fn packed_row_tiles(rows: usize) -> usize {
