@@ -18,7 +18,7 @@
 //!   epilogue ([`GpuContext::gemm_emulated`]); the Blackwell block-scaled path
 //!   ([`GpuContext::gemm_block_scaled`], `VEC16_UE4M3` / `VEC32_UE8M0` with the 128x4
 //!   swizzled scales of [`swizzle`]) selected only on compute capability 10.x).
-//! * **Probe** ([`probe`]): [`Gpu::Unavailable`] with a reason on machines without a driver
+//! * **Probe** ([`probe()`]): [`Gpu::Unavailable`] with a reason on machines without a driver
 //!   or device (CI), never a panic.
 //!
 //! The quantizers implement `quant`'s one interface, [`quant::QuantizerBackend`], for

@@ -2,7 +2,7 @@
 //! output, `C_i = α · op(A_i) · op(B_i) + β · C_i` for `i < batch`, every operand read
 //! through a strided, optionally transposed view. On a GPU it is one cuBLASLt call
 //! (`CUBLAS_COMPUTE_32F`, the layouts built by `gemm.rs`'s `LtCall::training`, unit-tested
-//! there against [`reference`]); under the emulator it is [`reference`] itself.
+//! there against [`reference()`]); under the emulator it is [`reference()`] itself.
 //!
 //! autograd's device linear multiplies on it whenever both operands of a GEMM are exactly
 //! BF16: BF16-recipe operands, and NVFP4 / MX / FP8 operands dequantized without their
@@ -284,7 +284,7 @@ pub trait TensorCoreOps: Launcher {
         unsafe { self.launch("nb_f32_to_bf16", (self.grid_stride_blocks(n), 1), &args) }
     }
 
-    /// Runs `g` on `a`, `b` (BF16 bits) into `c`: cuBLASLt on a GPU, [`reference`] under the
+    /// Runs `g` on `a`, `b` (BF16 bits) into `c`: cuBLASLt on a GPU, [`reference()`] under the
     /// emulator.
     ///
     /// # Errors

@@ -21,7 +21,7 @@
 //! recipe's job: see [`crate::GemmPolicy::fp8_current_hybrid`].
 //!
 //! # Implementation
-//! [`fake_quantize_into`] and [`quantize`] run a fused cast (`fp8/fast.rs`, compiled for
+//! `fake_quantize_into` and `quantize` run a fused cast (`fp8/fast.rs`, compiled for
 //! baseline and AVX2) that rounds `fl(x · scale)` onto the FP8 grid in the f32 domain with
 //! the element rounding the MX kernels use (`crate::grid`) and writes the FP8 value (or the
 //! code) directly, bit for bit what the encoder and decoder give, NaN and saturation

@@ -20,7 +20,7 @@
 //! `fp_formats::mx::quantize_block`. Input must be finite.
 //!
 //! # Implementation
-//! [`fake_quantize_into`] and [`quantize`] run the fused kernel of `mx/fast.rs`: per block
+//! `fake_quantize_into` and `quantize` run the fused kernel of `mx/fast.rs`: per block
 //! the amax and [`ScaleRule::scale`], then per element the saturating RNE (or SR) rounding
 //! done in the f32 domain on the grid of the element format, written as
 //! `element · 2^(b - 127)` (fake quantization) or as the code, bit for bit what

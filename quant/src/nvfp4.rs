@@ -29,7 +29,7 @@
 //!   by its BF16-rounded transform before the amax and the quantization; the stored column
 //!   count (the original row count) must be a multiple of 16 (as in Transformer Engine's
 //!   reference), otherwise [`QuantError::InvalidConfig`]. Padding rows (Tile16) are added
-//!   after the transform. With [`Rht::RandomSigns`] the sign mask is a function of the
+//!   after the transform. With [`crate::config::Rht::RandomSigns`] the sign mask is a function of the
 //!   [`RngKey`], so both Wgrad operands must be quantized with the same key.
 //! * **Stochastic rounding** ([`RoundingMode::Stochastic`]): scales are unchanged; each
 //!   element's scaled value `y = clamp(fl(v · enc_b), -6, 6)` is rounded up in magnitude with
@@ -59,14 +59,14 @@
 //! columnwise; each columnwise step reads 1 KiB contiguous of 16 input rows). Every block
 //! goes through the same per-tile core (`quantize_tile`: 16 block amaxes, scales and encode
 //! factors, then codes, with the SR bytes of the tile's 16 blocks from two 8-lane Philox
-//! evaluations) whether the result is packed ([`quantize`]) or decoded ([`fake_quantize_into`]).
+//! evaluations) whether the result is packed (`quantize`) or decoded (`fake_quantize_into`).
 //! Columnwise tiles are transformed down their columns (whole-row vector operations, same
 //! per-element arithmetic as [`crate::hadamard::rht16`]) and then transposed in L1. The panel
 //! loops are compiled twice, for the baseline target and for AVX2 (picked at run time); both
 //! use the same IEEE operations without FMA, so the bytes are identical (unit-tested).
 //! Results are independent of the number of rayon threads.
 //!
-//! [`fake_quantize_into`] (the emulated GEMM's path) does not go through codes: without Four
+//! `fake_quantize_into` (the emulated GEMM's path) does not go through codes: without Four
 //! Over Six it runs a fused kernel (`nvfp4/fast.rs`) that writes `e2m1 · s_b` straight from
 //! the scaled value (E2M1 rounding as f32 arithmetic on the grid, no look-up tables), rowwise
 //! in one pass after the amax, columnwise after a staging pass that transforms and transposes
@@ -1075,7 +1075,7 @@ pub(crate) fn dequantize(t: &QuantizedTensor) -> Vec<f32> {
 
 /// Writes `e2m1 · s_b` (exact; without the per-tensor factor) of every element of `t` into
 /// `out` (`t.rows x t.cols`, padding dropped) and returns the per-tensor factor
-/// `t.tensor_scale_inv` (`S_dec`), like [`fake_quantize_into`].
+/// `t.tensor_scale_inv` (`S_dec`), like `fake_quantize_into`.
 ///
 /// # Errors
 /// [`QuantError::InvalidConfig`] if `t` is not an NVFP4 tensor or its shape is

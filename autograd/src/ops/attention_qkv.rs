@@ -15,7 +15,7 @@
 //! With BF16 attention the chain rounds Q, K and V to BF16 before the products; here they stay
 //! as RoPE leaves them, because they are used only as operands of the BF16 products, which
 //! round every operand to BF16 themselves with the same rounding
-//! ([`Multiplier`]: the BF16 unit's packing, or a rounded copy for the f32 GEMM), so the
+//! (`Multiplier`: the BF16 unit's packing, or a rounded copy for the f32 GEMM), so the
 //! results are the same bits without a rounding pass.
 
 use quant::gemm::MatRef;

@@ -16,7 +16,7 @@
 //! unit on the E2M1 block GEMM (`quant::gemm::e2m1`); with an FP32 operand, on the f32 GEMM. Either way each output element's arithmetic does not depend on the
 //! number of rows or threads. Random bits (stochastic rounding, random
 //! Hadamard signs) come from a distinct Philox stream per operand role, layer and step: see
-//! [`gemm_stream`]. An all-FP32 policy is bit for bit the plain f32 linear layer.
+//! [`crate::gemm_stream`]. An all-FP32 policy is bit for bit the plain f32 linear layer.
 
 use quant::gemm::MatRef;
 use quant::qgemm::{
@@ -38,7 +38,7 @@ impl Graph<'_> {
     /// * `policy` sets the six operand quantizers; [`GemmPolicy::FP32`] is exact f32.
     /// * `stream` is the layer's random stream id (unique per linear layer of the model,
     ///   `≤ MAX_LAYER_STREAM`); with the graph's seed and step it keys every random bit
-    ///   ([`gemm_stream`]).
+    ///   ([`crate::gemm_stream`]).
     /// * When `w` is a parameter, the layer's [`LinearQuantState`] lives in the store and
     ///   persists across steps; with gradients off, the forward GEMM uses a copy of it, so
     ///   evaluation does not touch delayed-scaling histories.

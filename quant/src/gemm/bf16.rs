@@ -2,7 +2,7 @@
 //! the products accumulated in FP32, in one of two fixed arithmetics
 //! ([`Bf16Arithmetic`], docs/numerics.md#the-bf16-gemm): those of the two x86 BF16
 //! dot-product units, each computed by its unit where the CPU has it (the pairs also by
-//! AVX2's FMAs, [`super::fma_pairs`]) and reproduced bit for bit by portable code
+//! AVX2's FMAs, `fma_pairs.rs`) and reproduced bit for bit by portable code
 //! everywhere.
 //!
 //! **What both share.** Inputs are rounded to BF16 (round to nearest even; a value that is

@@ -11,7 +11,7 @@
 //!
 //! **Which operands qualify.** Every group of 16 of every row of both operands must split as
 //! `v[k] = c[k] · t` with integers `|c[k]| <= 12` and one `t > 0` of at most 6 significant
-//! bits in `[2^-50, 2^50]` ([`split_group`] looks for one from the values: `t = max|v| / d`
+//! bits in `[2^-50, 2^50]` (`split_group` looks for one from the values: `t = max|v| / d`
 //! for `d` = 12, 8, 6, 4, 3, 2, 1, checked exactly). An NVFP4 group has `t = s/2` (its E4M3
 //! scale halved: 4 significant bits) with `c` twice the E2M1 values; an MXFP4 group `t = 2^e
 //! / 2`. Then `t_a · t_b` has at most 12 significant bits and `|Σ c_a · c_b| <= 16 · 144 <

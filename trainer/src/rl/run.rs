@@ -19,7 +19,7 @@
 //! good checkpoint.
 //!
 //! With a device for the update ([`RlRun::set_update_device`], `rl --device cuda`), step 4's
-//! forward and backward passes and step 5's gradient norm and AdamW run there ([`device`]).
+//! forward and backward passes and step 5's gradient norm and AdamW run there (`device.rs`).
 //!
 //! Prompts are encoded, and completions decoded for the reward, with the tokenizer of the
 //! starting checkpoint ([`super::codec`]: byte-level, or the BPE its run kept as
