@@ -4,7 +4,7 @@
 //!
 //! * [`vertical_stretch`]: one whole 16x16 stretch of a columnwise operand in the source
 //!   layout (one row of 16 stored blocks per register): `fast::fake_vertical`'s lane-wise
-//!   block amaxes, the shared `fast::group_scales`, then per element the RNE or stochastic
+//!   block amaxes, `fast::group_scales` on 16 lanes, then per element the RNE or stochastic
 //!   rounding onto the E2M1 grid times the block scale (tested below against the portable
 //!   code);
 //! * [`row_group`]: up to 16 whole blocks of a stored row (`fast::fake_panel`'s rowwise
@@ -26,7 +26,6 @@ use std::arch::x86_64::*;
 
 use fp_formats::nvfp4::{GlobalScale, BLOCK};
 
-use super::fast::group_scales;
 use crate::grid::avx512::{round_sr, signed_product};
 use crate::philox::avx512::words_x16;
 use crate::RngKey;
@@ -73,12 +72,7 @@ fn quantize_stretch(v: &mut [__m512; BLOCK], q: Stretch<'_>) {
     if q.tile2d {
         amax = _mm512_set1_ps(_mm512_reduce_max_ps(amax));
     }
-    let mut am = [0.0f32; BLOCK];
-    // SAFETY: 16 f32.
-    unsafe { _mm512_storeu_ps(am.as_mut_ptr(), amax) };
-    let (sf, enc) = group_scales(&am, q.g);
-    // SAFETY: 16 f32 each.
-    let (sf, enc) = unsafe { (_mm512_loadu_ps(sf.as_ptr()), _mm512_loadu_ps(enc.as_ptr())) };
+    let (sf, enc) = group_scales_x16(amax, q.g);
     let k = Consts::new();
     if q.sr {
         let words = words_x16(q.key, q.first, q.stride);
@@ -113,12 +107,12 @@ pub(super) unsafe fn row_group(
 ) {
     debug_assert!(nb <= BLOCK);
     let mut x = [_mm512_setzero_ps(); BLOCK];
-    let mut am = [0.0f32; BLOCK];
     for k in 0..nb {
         x[k] = _mm512_loadu_ps(src.add(k * BLOCK));
-        am[k] = _mm512_reduce_max_ps(_mm512_abs_ps(x[k]));
     }
-    let (sf, enc) = group_scales(&am, g);
+    // lane k: block k's scale value and encode factor (blocks past `nb` are zero, unused)
+    let (sf, enc) = group_scales_x16(block_maxima(&x), g);
+    let (sf, enc) = (lanes(sf), lanes(enc));
     let c = Consts::new();
     match sr {
         None => {
@@ -147,6 +141,87 @@ pub(super) unsafe fn row_group(
             }
         }
     }
+}
+
+/// The 16 lanes of `v`.
+#[inline]
+#[target_feature(enable = "avx512f")]
+fn lanes(v: __m512) -> [f32; BLOCK] {
+    let mut a = [0.0f32; BLOCK];
+    // SAFETY: 16 f32.
+    unsafe { _mm512_storeu_ps(a.as_mut_ptr(), v) };
+    a
+}
+
+/// Lane `k`: the largest magnitude in `x[k]` (a block's amax), for all 16 blocks at once by
+/// a transposing tree of maxima (45 operations instead of 16 horizontal reductions). A
+/// maximum of finite values is exact in any order, so lane `k` equals `fast::block_amax`
+/// of `x[k]`; the fused path sees only finite values (the tensor amax is checked first).
+#[inline]
+#[target_feature(enable = "avx512f")]
+fn block_maxima(x: &[__m512; BLOCK]) -> __m512 {
+    let a = x.map(|v| _mm512_abs_ps(v));
+    // per 128-bit lane: [a0 ∨ a2, b0 ∨ b2, a1 ∨ a3, b1 ∨ b3] of the pair (a, b)
+    let t: [__m512; 8] = std::array::from_fn(|i| {
+        let (p, q) = (a[2 * i], a[2 * i + 1]);
+        _mm512_max_ps(_mm512_unpacklo_ps(p, q), _mm512_unpackhi_ps(p, q))
+    });
+    // per 128-bit lane: the lane's maximum of each of four blocks 4i .. 4i + 3, in order
+    let u: [__m512; 4] = std::array::from_fn(|i| {
+        let (c, d) = (_mm512_castps_pd(t[2 * i]), _mm512_castps_pd(t[2 * i + 1]));
+        let (lo, hi) = (_mm512_unpacklo_pd(c, d), _mm512_unpackhi_pd(c, d));
+        _mm512_max_ps(_mm512_castpd_ps(lo), _mm512_castpd_ps(hi))
+    });
+    // 128-bit lanes (0 ∨ 1) and (2 ∨ 3) of u[2j] then of u[2j + 1]
+    let r: [__m512; 2] = std::array::from_fn(|j| {
+        let (e, f) = (u[2 * j], u[2 * j + 1]);
+        _mm512_max_ps(
+            _mm512_shuffle_f32x4::<0b10_00_10_00>(e, f),
+            _mm512_shuffle_f32x4::<0b11_01_11_01>(e, f),
+        )
+    });
+    // 128-bit lane i: u[i]'s four blocks, maxima over all four lanes: blocks 4i .. 4i + 3
+    _mm512_max_ps(
+        _mm512_shuffle_f32x4::<0b10_00_10_00>(r[0], r[1]),
+        _mm512_shuffle_f32x4::<0b11_01_11_01>(r[0], r[1]),
+    )
+}
+
+/// `fast::group_scales` on 16 lanes (lane `k`: block `k`'s scale value `s_b` and encode
+/// factor from its amax), bit for bit: the same IEEE multiply, `min(., FLT_MAX)` (MINPS is
+/// `a < b ? a : b`, the comparison the portable code writes), the E4M3 rounding of
+/// `E4M3::encode_rne_sat` in integer lanes, the decoded scale and the exact division.
+/// `amax` must be finite and non-negative.
+#[inline]
+#[target_feature(enable = "avx512f")]
+fn group_scales_x16(amax: __m512, g: &GlobalScale) -> (__m512, __m512) {
+    let max = _mm512_set1_ps(f32::MAX);
+    let s = _mm512_min_ps(_mm512_mul_ps(amax, _mm512_set1_ps(g.block_factor)), max);
+    // E4M3 code of s >= 0: normal range, the f32 mantissa rounded to 3 bits in place...
+    let bits = _mm512_castps_si512(s);
+    let lsb = _mm512_and_si512(_mm512_srli_epi32::<20>(bits), _mm512_set1_epi32(1));
+    let rounded = _mm512_add_epi32(bits, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7FFFF)));
+    let normal = _mm512_sub_epi32(
+        _mm512_srli_epi32::<20>(rounded),
+        _mm512_set1_epi32(120 << 3),
+    );
+    let normal = _mm512_min_epu32(normal, _mm512_set1_epi32(0x7E));
+    // ...the subnormal range by adding 2^14 (ulp 2^-9)
+    let sub = _mm512_castps_si512(_mm512_add_ps(s, _mm512_set1_ps(16384.0)));
+    let sub = _mm512_sub_epi32(sub, _mm512_set1_epi32(0x4680_0000));
+    let tiny = _mm512_cmplt_epu32_mask(bits, _mm512_set1_epi32(0x3C80_0000));
+    let code = _mm512_mask_blend_epi32(tiny, normal, sub);
+    // its value: `(c << 20) + (120 << 23)` as f32 for normal codes, `(c & 7) · 2^-9` else
+    let normal = _mm512_add_epi32(_mm512_slli_epi32::<20>(code), _mm512_set1_epi32(120 << 23));
+    let sub = _mm512_cvtepi32_ps(_mm512_and_si512(code, _mm512_set1_epi32(7)));
+    let sub = _mm512_mul_ps(sub, _mm512_set1_ps(1.0 / 512.0));
+    let is_normal = _mm512_cmpge_epu32_mask(code, _mm512_set1_epi32(8));
+    let sf = _mm512_mask_blend_ps(is_normal, sub, _mm512_castsi512_ps(normal));
+    let e = _mm512_div_ps(
+        _mm512_set1_ps(1.0),
+        _mm512_mul_ps(sf, _mm512_set1_ps(g.s_dec)),
+    );
+    (sf, _mm512_min_ps(e, max))
 }
 
 /// The broadcast constants of the element arithmetic.
@@ -384,8 +459,101 @@ unsafe fn rht_vertical_strip_impl(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::nvfp4::fast::fake_vertical;
+    use crate::nvfp4::fast::{block_amax, fake_vertical, group_scales};
     use fp_formats::nvfp4::GlobalScale;
+
+    /// The vector scales against `fast::group_scales` on amaxes across every E4M3 decision
+    /// point (subnormal codes, the 2^-6 boundary, ties, 448 and beyond, FLT_MAX), zero and
+    /// random values, under tensor scales from tiny to huge.
+    #[test]
+    fn vector_scales_match_the_portable_scales() {
+        if !available() {
+            eprintln!(
+                "SKIP: the AVX-512 kernels do not run here (no AVX-512F, or NIBBLE_FORCE_PORTABLE)"
+            );
+            return;
+        }
+        let mut s = 0x9e37_79b9_7f4a_7c15u64;
+        let mut next = || {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            s
+        };
+        let mut amaxes: Vec<f32> = vec![0.0, f32::MIN_POSITIVE, 1e-45, 1.0, 6.0, 448.0 * 6.0];
+        // every f32 in steps of 2^12 ulps over [2^-20, 2^16] (past and around every E4M3
+        // rounding boundary once scaled), and random finite magnitudes
+        let mut b = 2f32.powi(-20).to_bits();
+        while b < 2f32.powi(16).to_bits() {
+            amaxes.push(f32::from_bits(b));
+            b += 1 << 12;
+        }
+        amaxes.extend((0..20_000).map(|_| f32::from_bits((next() as u32) & 0x7F7F_FFFF)));
+        for tensor_amax in [1e-30f32, 1e-3, 1.0, 6.0 * 448.0, 1e4, 1e30, f32::MAX] {
+            let g = GlobalScale::from_amax(tensor_amax);
+            for group in amaxes.chunks(BLOCK) {
+                let mut am = [0.0f32; BLOCK];
+                am[..group.len()].copy_from_slice(group);
+                let want = group_scales(&am, &g);
+                // SAFETY: AVX-512F is present (checked above); 16 f32.
+                let got = unsafe {
+                    let (sf, enc) = group_scales_x16(_mm512_loadu_ps(am.as_ptr()), &g);
+                    (lanes(sf), lanes(enc))
+                };
+                let bits = |v: [f32; BLOCK]| v.map(f32::to_bits);
+                assert_eq!(
+                    bits(got.0),
+                    bits(want.0),
+                    "scales of {am:?}, tensor {tensor_amax}"
+                );
+                assert_eq!(
+                    bits(got.1),
+                    bits(want.1),
+                    "factors of {am:?}, tensor {tensor_amax}"
+                );
+            }
+        }
+    }
+
+    /// Lane `k` of the transposing tree is block `k`'s amax, whichever lane holds it.
+    #[test]
+    fn block_maxima_are_each_blocks_amax() {
+        if !available() {
+            eprintln!(
+                "SKIP: the AVX-512 kernels do not run here (no AVX-512F, or NIBBLE_FORCE_PORTABLE)"
+            );
+            return;
+        }
+        let mut s = 0x0123_4567_89ab_cdefu64;
+        let mut next = || {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            s
+        };
+        for case in 0..2000 {
+            let mut x = [[0.0f32; BLOCK]; BLOCK];
+            for (k, row) in x.iter_mut().enumerate() {
+                for e in row.iter_mut() {
+                    *e = (next() % 2001) as f32 - 1000.0;
+                }
+                // the largest magnitude in a lane that moves with the case, either sign
+                let sign = if (case + k) % 2 == 0 { 1.0 } else { -1.0 };
+                row[(case + 3 * k) % BLOCK] = sign * (1e4 + k as f32);
+            }
+            if case % 7 == 0 {
+                x[case % BLOCK] = [0.0; BLOCK];
+                x[(case + 1) % BLOCK] = [-0.0; BLOCK];
+            }
+            // SAFETY: AVX-512F is present (checked above); 16 f32 per row.
+            let got = unsafe {
+                let v = x.map(|row| _mm512_loadu_ps(row.as_ptr()));
+                lanes(block_maxima(&v))
+            };
+            let want = x.map(|row| block_amax(&row));
+            assert_eq!(got.map(f32::to_bits), want.map(f32::to_bits), "case {case}");
+        }
+    }
 
     /// Every combination of block sharing and rounding, on data spanning the grid's decision
     /// points, zeros, tiny and huge values, against the portable code bit for bit.

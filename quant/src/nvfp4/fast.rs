@@ -133,7 +133,7 @@ fn fake_sr(x: f32, enc: f32, sf: f32, r: u8) -> f32 {
 
 /// `max |x_i|` of a block (no NaN possible here).
 #[inline(always)]
-fn block_amax(x: &[f32; BLOCK]) -> f32 {
+pub(super) fn block_amax(x: &[f32; BLOCK]) -> f32 {
     let mut m = [0.0f32; 8];
     for i in 0..8 {
         m[i] = max(x[i].abs(), x[i + 8].abs());
