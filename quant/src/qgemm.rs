@@ -607,16 +607,27 @@ fn finish(
         (true, Side::View(a), Side::View(b), None) => e2m1_gemm_tn(a, b, out, e2m1_ws),
         _ => false,
     };
+    let alpha = fa * fb;
+    // whether the BF16 GEMM applied α itself (to each output block as it finished)
+    let mut scaled = false;
     if !on_e2m1 {
         match (av, bv) {
+            (a @ Side::View(_), b @ Side::View(_))
+                if qa && qb && quantized_gemm_rounds_inputs() =>
+            {
+                quantized_gemm_sides(a, b, out, packed, alpha);
+                scaled = true;
+            }
             (Side::View(a), Side::View(b)) if qa && qb => quantized_gemm_tn(a, b, out, packed),
             // B̂ᵀ: [K, N].
             (Side::View(a), Side::View(b)) => sgemm(1.0, a, b.t(), 0.0, out),
-            (a, b) => quantized_gemm_sides(a, b, out, packed),
+            (a, b) => {
+                quantized_gemm_sides(a, b, out, packed, alpha);
+                scaled = true;
+            }
         }
     }
-    let alpha = fa * fb;
-    if alpha != 1.0 && k > 0 {
+    if alpha != 1.0 && k > 0 && !scaled {
         // One O(MN) pass; split across the rayon pool only when large.
         if out.len() >= 2 * EPILOGUE_CHUNK {
             use rayon::prelude::*;

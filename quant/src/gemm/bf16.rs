@@ -285,7 +285,7 @@ pub fn bf16_gemm_tn(
     out: &mut [f32],
     ws: &mut Bf16Workspace,
 ) {
-    gemm_sides(Unit::of(arith), Side::View(a), Side::View(b), out, ws);
+    gemm_sides(Unit::of(arith), Side::View(a), Side::View(b), out, ws, 1.0);
 }
 
 /// The arithmetic of the BF16 kernel this CPU runs, which the quantized GEMMs of training run
@@ -357,7 +357,14 @@ pub fn bf16_gemm_tn_portable(
     out: &mut [f32],
     ws: &mut Bf16Workspace,
 ) {
-    gemm_sides(Unit::Portable(arith), Side::View(a), Side::View(b), out, ws);
+    gemm_sides(
+        Unit::Portable(arith),
+        Side::View(a),
+        Side::View(b),
+        out,
+        ws,
+        1.0,
+    );
 }
 
 /// One operand of [`quantized_gemm_sides`]: a view the GEMM packs, or an `[rows, k]` operand
@@ -509,12 +516,14 @@ impl PackedPair {
             k,
             chunk_major: false,
         };
-        quantized_gemm_sides(side(m), side(n), out, &mut self.ws);
+        quantized_gemm_sides(side(m), side(n), out, &mut self.ws, 1.0);
     }
 }
 
-/// [`quantized_gemm_tn`] on operands that may come packed already (quantized straight into
-/// the tile layout, see [`super::pack::pack_panels`]). Only where a BF16 kernel runs
+/// `out = alpha · (A · Bᵀ)`: [`quantized_gemm_tn`] on operands that may come packed already
+/// (quantized straight into the tile layout, see [`super::pack::pack_panels`]), each output
+/// element multiplied by `alpha` once its sum is complete (`fl(fl(Σ) · alpha)`, the bits of
+/// a pass over the product; none when `alpha` is 1 or K is 0). Only where a BF16 kernel runs
 /// ([`quantized_gemm_rounds_inputs`]): the packed tiles are the input format of both.
 ///
 /// # Panics
@@ -525,13 +534,22 @@ pub(crate) fn quantized_gemm_sides(
     b: Side<'_>,
     out: &mut [f32],
     ws: &mut Bf16Workspace,
+    alpha: f32,
 ) {
     let arith =
         quantized_gemm_arithmetic().expect("quantized_gemm_sides: no BF16 kernel on this CPU");
-    gemm_sides(Unit::of(arith), a, b, out, ws);
+    gemm_sides(Unit::of(arith), a, b, out, ws, alpha);
 }
 
-fn gemm_sides(unit: Unit, a: Side<'_>, b: Side<'_>, out: &mut [f32], ws: &mut Bf16Workspace) {
+/// `out = alpha · (A · Bᵀ)` on `unit` (see [`quantized_gemm_sides`] for `alpha`).
+fn gemm_sides(
+    unit: Unit,
+    a: Side<'_>,
+    b: Side<'_>,
+    out: &mut [f32],
+    ws: &mut Bf16Workspace,
+    alpha: f32,
+) {
     let ((m, k), (n, kb)) = (a.dims(), b.dims());
     assert_eq!(kb, k, "bf16_gemm_tn: K differs ({k} vs {kb})");
     assert_eq!(out.len(), m * n, "bf16_gemm_tn: output length");
@@ -594,6 +612,9 @@ fn gemm_sides(unit: Unit, a: Side<'_>, b: Side<'_>, out: &mut [f32], ws: &mut Bf
             for k0 in (0..kc).step_by(slab) {
                 let kn = (kc - k0).min(slab);
                 let acc = k0 > 0;
+                // the epilogue's factor, applied to each block once its last slab is stored
+                // (the block still in L1), instead of in a pass over the whole output
+                let scale = (k0 + kn == kc && alpha != 1.0).then_some(alpha);
                 for (bi, rows) in rows.chunks_mut(BLOCK * n).enumerate() {
                     let ib = g * group + bi;
                     let a_blk = match a_view {
@@ -612,6 +633,9 @@ fn gemm_sides(unit: Unit, a: Side<'_>, b: Side<'_>, out: &mut [f32], ws: &mut Bf
                         if m_here == BLOCK && n_here == BLOCK {
                             // a whole block: straight into the output rows
                             block(unit, tiles, acc, &mut rows[jb * BLOCK..], n, BLOCK);
+                            if let Some(alpha) = scale {
+                                scale_block(&mut rows[jb * BLOCK..], n, BLOCK, alpha);
+                            }
                         } else {
                             if acc {
                                 for r in 0..m_here {
@@ -620,6 +644,9 @@ fn gemm_sides(unit: Unit, a: Side<'_>, b: Side<'_>, out: &mut [f32], ws: &mut Bf
                                 }
                             }
                             block(unit, tiles, acc, &mut c, BLOCK, m_here);
+                            if let Some(alpha) = scale {
+                                scale_block(&mut c, BLOCK, m_here, alpha);
+                            }
                             for r in 0..m_here {
                                 rows[r * n + jb * BLOCK..][..n_here]
                                     .copy_from_slice(&c[r * BLOCK..][..n_here]);
@@ -630,6 +657,32 @@ fn gemm_sides(unit: Unit, a: Side<'_>, b: Side<'_>, out: &mut [f32], ws: &mut Bf
             }
             A_BLOCK.with(|cell| cell.set(own));
         });
+}
+
+/// `x *= alpha` on the first `rows` rows of a 32-wide block at row stride `ld`.
+#[inline]
+fn scale_block(c: &mut [f32], ld: usize, rows: usize, alpha: f32) {
+    #[cfg(target_arch = "x86_64")]
+    if fp_formats::cpu::has_avx512f() {
+        // SAFETY: the CPU has AVX-512F.
+        unsafe { scale_block_avx512(c, ld, rows, alpha) };
+        return;
+    }
+    for r in 0..rows {
+        c[r * ld..][..BLOCK].iter_mut().for_each(|x| *x *= alpha);
+    }
+}
+
+/// [`scale_block`] compiled for AVX-512 (two vector multiplies per row).
+///
+/// # Safety
+/// The CPU must have AVX-512F.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+unsafe fn scale_block_avx512(c: &mut [f32], ld: usize, rows: usize, alpha: f32) {
+    for r in 0..rows {
+        c[r * ld..][..BLOCK].iter_mut().for_each(|x| *x *= alpha);
+    }
 }
 
 thread_local! {
