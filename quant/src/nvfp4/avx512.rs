@@ -462,24 +462,35 @@ mod tests {
     use crate::nvfp4::fast::{block_amax, fake_vertical, group_scales};
     use fp_formats::nvfp4::GlobalScale;
 
+    /// Whether the AVX-512 kernels run here; says so when they do not (the test then skips).
+    fn runs_here() -> bool {
+        if !available() {
+            eprintln!(
+                "SKIP: the AVX-512 kernels do not run here (no AVX-512F, or NIBBLE_FORCE_PORTABLE)"
+            );
+        }
+        available()
+    }
+
+    /// A xorshift64 stream from `seed` (non-zero).
+    fn xorshift(mut s: u64) -> impl FnMut() -> u64 {
+        move || {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            s
+        }
+    }
+
     /// The vector scales against `fast::group_scales` on amaxes across every E4M3 decision
     /// point (subnormal codes, the 2^-6 boundary, ties, 448 and beyond, FLT_MAX), zero and
     /// random values, under tensor scales from tiny to huge.
     #[test]
     fn vector_scales_match_the_portable_scales() {
-        if !available() {
-            eprintln!(
-                "SKIP: the AVX-512 kernels do not run here (no AVX-512F, or NIBBLE_FORCE_PORTABLE)"
-            );
+        if !runs_here() {
             return;
         }
-        let mut s = 0x9e37_79b9_7f4a_7c15u64;
-        let mut next = || {
-            s ^= s << 13;
-            s ^= s >> 7;
-            s ^= s << 17;
-            s
-        };
+        let mut next = xorshift(0x9e37_79b9_7f4a_7c15u64);
         let mut amaxes: Vec<f32> = vec![0.0, f32::MIN_POSITIVE, 1e-45, 1.0, 6.0, 448.0 * 6.0];
         // every f32 in steps of 2^12 ulps over [2^-20, 2^16] (past and around every E4M3
         // rounding boundary once scaled), and random finite magnitudes
@@ -518,19 +529,10 @@ mod tests {
     /// Lane `k` of the transposing tree is block `k`'s amax, whichever lane holds it.
     #[test]
     fn block_maxima_are_each_blocks_amax() {
-        if !available() {
-            eprintln!(
-                "SKIP: the AVX-512 kernels do not run here (no AVX-512F, or NIBBLE_FORCE_PORTABLE)"
-            );
+        if !runs_here() {
             return;
         }
-        let mut s = 0x0123_4567_89ab_cdefu64;
-        let mut next = || {
-            s ^= s << 13;
-            s ^= s >> 7;
-            s ^= s << 17;
-            s
-        };
+        let mut next = xorshift(0x0123_4567_89ab_cdefu64);
         for case in 0..2000 {
             let mut x = [[0.0f32; BLOCK]; BLOCK];
             for (k, row) in x.iter_mut().enumerate() {
@@ -559,20 +561,11 @@ mod tests {
     /// points, zeros, tiny and huge values, against the portable code bit for bit.
     #[test]
     fn stretch_matches_the_portable_code() {
-        if !available() {
-            eprintln!(
-                "SKIP: the AVX-512 kernels do not run here (no AVX-512F, or NIBBLE_FORCE_PORTABLE)"
-            );
+        if !runs_here() {
             return;
         }
         let key = RngKey { seed: 7, stream: 3 };
-        let mut s = 0x1234_5678_9abc_def0u64;
-        let mut next = || {
-            s ^= s << 13;
-            s ^= s >> 7;
-            s ^= s << 17;
-            s
-        };
+        let mut next = xorshift(0x1234_5678_9abc_def0u64);
         for case in 0..400 {
             let mut t = [[0.0f32; BLOCK]; BLOCK];
             let scale = [1e-30f32, 1e-3, 1.0, 3.0, 1e4, 1e30][case % 6];
@@ -632,10 +625,7 @@ mod tests {
     /// bit, for every sharing and rounding, on a strip of several stretches at an offset.
     #[test]
     fn fused_strip_matches_the_two_kernels() {
-        if !available() {
-            eprintln!(
-                "SKIP: the AVX-512 kernels do not run here (no AVX-512F, or NIBBLE_FORCE_PORTABLE)"
-            );
+        if !runs_here() {
             return;
         }
         let (ld, rows, r0) = (48, 40, 16);
