@@ -2,8 +2,8 @@
 //! every linear layer), where `Â`, `B̂` are the operands fake-quantized along K without
 //! their per-tensor factors (exact in f32, see [`Quantizer::fake_quantize_into`]) and
 //! `α = factor_A · factor_B` (NVFP4 `S_dec,A · S_dec,B`, FP8 `scale_inv_A · scale_inv_B`,
-//! docs/numerics.md#the-quantized-gemm) is applied to the f32 accumulator in a separate epilogue pass, as the
-//! hardware does. This models the hardware GEMM up to the f32 accumulation order.
+//! docs/numerics.md#the-quantized-gemm) multiplies each f32 sum once it is complete, as the
+//! hardware's epilogue does. This models the hardware GEMM up to the f32 accumulation order.
 //!
 //! * When both operands are quantized (any format but FP32), their values (element code
 //!   times block scale, without the per-tensor factor) are exactly BF16, and the product
@@ -25,9 +25,10 @@
 //!   fake-quantized into reusable scratch buffers (per thread, or a caller-provided
 //!   [`GemmWorkspace`]); quantization is `O(MK + NK)` against the GEMM's `O(MNK)`. Columnwise operands stay in the layout of the tensor where the format allows
 //!   it ([`Quantizer::fake_quantize_source_layout`]; the GEMM reads them through a
-//!   transposed view, like an f32 operand). The α
-//!   epilogue is split across the rayon pool for large outputs (elementwise, so the bytes
-//!   do not depend on the thread count).
+//!   transposed view, like an f32 operand). The BF16 GEMM applies α to each 32 x 32 output
+//!   block as it finishes it (in L1); after the f32 and E2M1 GEMMs it is a pass over the
+//!   output, split across the rayon pool for large outputs (elementwise, so the bytes do not
+//!   depend on the thread count). Either way each element is `fl(fl(Σ) · α)`.
 //! * An operand used by two GEMMs can be fake-quantized once ([`fake_operand`]) and passed
 //!   to [`quantized_matmul_tn_prequantized`]; when its quantizer is [`transpose_exact`]
 //!   (NVFP4 16x16 RNE, BF16 RNE), the same values serve the columnwise usage through
