@@ -59,6 +59,13 @@ pub(super) const BLOCK: usize = 2 * TILE;
 /// core's L2 on the CPUs with AMX (all of it on a Zen 4, where the limit is not measured).
 const SLAB_B_TILES: usize = 1024;
 
+/// Products of at most this many multiply-adds (`M · N · K`, a few microseconds on one core)
+/// run as one task: attention as a whole was 3-5% faster so (its products per head and query
+/// block are 64 x 128 x 32 at the `small` preset, and attention already runs its heads in
+/// parallel); the linear layers' products are far larger and still split by row blocks, and
+/// the sampler's decoding read the same (`bench decode`).
+const ONE_TASK_PRODUCT: usize = 1 << 21;
+
 /// Chunks of K per slab of the GEMM's K loop for `kc` chunks and `nb` 32-column blocks of
 /// B: as many as keep the slab of B's tiles (`nb · 2` tiles per chunk) within
 /// [`SLAB_B_TILES`], between 16 and 64, and the slabs even. Long slabs store and reload the
@@ -600,7 +607,13 @@ fn gemm_sides(
     // chunks in order (the tiles are stored and reloaded exactly between slabs), so its bits
     // do not depend on the grouping, the slab size or the thread count.
     let (la, lb) = (Layout::of(&a, kc, mb * 2), Layout::of(&b, kc, nb * 2));
-    let group = mb.div_ceil(2 * rayon::current_num_threads()).max(1);
+    // a small product (attention's, per query block and head) in one task: splitting it
+    // costs the pool more than the second half's arithmetic saves
+    let group = if m * n * k <= ONE_TASK_PRODUCT {
+        mb
+    } else {
+        mb.div_ceil(2 * rayon::current_num_threads()).max(1)
+    };
     let slab = slab_chunks(kc, nb);
     out.par_chunks_mut(group * BLOCK * n)
         .enumerate()
