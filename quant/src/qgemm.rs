@@ -7,9 +7,9 @@
 //!
 //! * When both operands are quantized (any format but FP32), their values (element code
 //!   times block scale, without the per-tensor factor) are exactly BF16, and the product
-//!   runs on [`quantized_gemm_tn`]: the BF16 GEMM on AMX-BF16 tiles where the CPU has them
-//!   (FP32 accumulation in a fixed order, docs/numerics.md#the-bf16-gemm), the f32 GEMM
-//!   elsewhere. Two operands whose values are E2M1 ([`e2m1_values`]: NVFP4, MXFP4) multiply
+//!   runs on [`quantized_gemm_tn`](crate::gemm::bf16::quantized_gemm_tn): the BF16 GEMM on
+//!   AMX-BF16 tiles where the CPU has them (FP32 accumulation in a fixed order,
+//!   docs/numerics.md#the-bf16-gemm), the f32 GEMM elsewhere. Two operands whose values are E2M1 ([`e2m1_values`]: NVFP4, MXFP4) multiply
 //!   on the E2M1 block GEMM instead where it runs ([`crate::gemm::e2m1`]: AVX2 CPUs without
 //!   a BF16 unit; exact group sums of 16, one rounding per group), their values then always
 //!   as f32 views. With an FP32 operand on either side it runs on the f32 GEMM ([`sgemm`]).
@@ -56,8 +56,7 @@ use std::cell::Cell;
 
 use crate::config::{Fp8Scaling, OperandQuant, QuantFormat, RoundingMode, Usage};
 use crate::gemm::bf16::{
-    quantized_gemm_rounds_inputs, quantized_gemm_sides, quantized_gemm_tn, Bf16Workspace, PackedB,
-    Side,
+    quantized_gemm_rounds_inputs, quantized_gemm_sides, Bf16Workspace, PackedB, Side,
 };
 use crate::gemm::e2m1::{
     e2m1_gemm_tn, e2m1_gemm_tn_packed, e2m1_native, E2m1Workspace, PackedE2m1B,
@@ -609,25 +608,20 @@ fn finish(
         _ => false,
     };
     let alpha = fa * fb;
-    // whether the BF16 GEMM applied α itself (to each output block as it finished)
-    let mut scaled = false;
-    if !on_e2m1 {
-        match (av, bv) {
-            (a @ Side::View(_), b @ Side::View(_))
-                if qa && qb && quantized_gemm_rounds_inputs() =>
-            {
-                quantized_gemm_sides(a, b, out, packed, alpha);
-                scaled = true;
+    // whether the product applied α itself: the BF16 GEMM does, to each output block as it
+    // finishes it; two quantized views without a BF16 unit (`quantized_gemm_tn` there) and
+    // an FP32 operand (B̂ᵀ: [K, N]) run on the f32 GEMM, and the E2M1 GEMM, with a pass
+    let scaled = !on_e2m1
+        && match (av, bv) {
+            (Side::View(a), Side::View(b)) if !(qa && qb && quantized_gemm_rounds_inputs()) => {
+                sgemm(1.0, a, b.t(), 0.0, out);
+                false
             }
-            (Side::View(a), Side::View(b)) if qa && qb => quantized_gemm_tn(a, b, out, packed),
-            // B̂ᵀ: [K, N].
-            (Side::View(a), Side::View(b)) => sgemm(1.0, a, b.t(), 0.0, out),
             (a, b) => {
                 quantized_gemm_sides(a, b, out, packed, alpha);
-                scaled = true;
+                true
             }
-        }
-    }
+        };
     if alpha != 1.0 && k > 0 && !scaled {
         // One O(MN) pass; split across the rayon pool only when large.
         if out.len() >= 2 * EPILOGUE_CHUNK {

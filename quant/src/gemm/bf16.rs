@@ -673,7 +673,7 @@ fn gemm_sides(
 }
 
 /// `x *= alpha` on the first `rows` rows of a 32-wide block at row stride `ld`.
-#[inline]
+#[inline(always)]
 fn scale_block(c: &mut [f32], ld: usize, rows: usize, alpha: f32) {
     #[cfg(target_arch = "x86_64")]
     if fp_formats::cpu::has_avx512f() {
@@ -681,18 +681,21 @@ fn scale_block(c: &mut [f32], ld: usize, rows: usize, alpha: f32) {
         unsafe { scale_block_avx512(c, ld, rows, alpha) };
         return;
     }
-    for r in 0..rows {
-        c[r * ld..][..BLOCK].iter_mut().for_each(|x| *x *= alpha);
-    }
+    scale_rows(c, ld, rows, alpha);
 }
 
-/// [`scale_block`] compiled for AVX-512 (two vector multiplies per row).
+/// [`scale_block`]'s loop, compiled for AVX-512 (two vector multiplies per row).
 ///
 /// # Safety
 /// The CPU must have AVX-512F.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f")]
 unsafe fn scale_block_avx512(c: &mut [f32], ld: usize, rows: usize, alpha: f32) {
+    scale_rows(c, ld, rows, alpha);
+}
+
+#[inline(always)]
+fn scale_rows(c: &mut [f32], ld: usize, rows: usize, alpha: f32) {
     for r in 0..rows {
         c[r * ld..][..BLOCK].iter_mut().for_each(|x| *x *= alpha);
     }

@@ -34,7 +34,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use rayon::prelude::*;
 
-use super::MatRef;
+use super::{MatRef, TileWords};
 use crate::dispatch::with_avx2;
 
 /// K elements per group (the NVFP4 block; half an MX block).
@@ -210,21 +210,13 @@ struct PackedA {
     scales: Vec<f32>,
 }
 
-/// 64 bytes on a cache line of their own: B's records are whole lines (a record is six),
-/// so that no load of the kernel straddles two.
-#[derive(Clone, Copy, Debug)]
-#[repr(C, align(64))]
-struct Line([u8; 64]);
-
-// SAFETY: 64 bytes, no padding, any bit pattern valid.
-unsafe impl bytemuck::Zeroable for Line {}
-unsafe impl bytemuck::Pod for Line {}
-
 /// Reusable buffers of [`e2m1_gemm_tn`].
 #[derive(Debug, Default)]
 pub struct E2m1Workspace {
     a: PackedA,
-    b: Vec<Line>,
+    /// B's records, on cache lines: a record is six whole lines, so that no load of the
+    /// kernel straddles two.
+    b: TileWords,
 }
 
 impl E2m1Workspace {
@@ -289,15 +281,16 @@ fn pack_a_rows(
 
 /// Packs `x: [N, K]` as B: panels of 16 rows, each `groups` records of [`RECORD`] bytes;
 /// false when a group does not split.
-fn pack_b(x: MatRef<'_>, lines: &mut Vec<Line>) -> bool {
+fn pack_b(x: MatRef<'_>, lines: &mut TileWords) -> bool {
     let groups = x.cols.div_ceil(GROUP);
     let panels = x.rows.div_ceil(NR);
     if groups == 0 {
         return true;
     }
     // every byte of every record is written below: no clearing
-    lines.resize(panels * groups * RECORD / 64, Line([0; 64]));
-    let out: &mut [u8] = bytemuck::cast_slice_mut(lines);
+    let words = panels * groups * RECORD / 4;
+    lines.grow_to(words);
+    let out: &mut [u8] = bytemuck::cast_slice_mut(&mut lines[..words]);
     let ok = AtomicBool::new(true);
     out.par_chunks_mut(groups * RECORD)
         .enumerate()
@@ -384,7 +377,7 @@ pub fn e2m1_gemm_tn(a: MatRef<'_>, b: MatRef<'_>, out: &mut [f32], ws: &mut E2m1
     if !pack_b(b, &mut ws.b) {
         return false;
     }
-    e2m1_gemm_packed_b(a, (bytemuck::cast_slice(&ws.b), b.rows), out, &mut ws.a)
+    e2m1_gemm_packed_b(a, (bytemuck::cast_slice(&ws.b[..]), b.rows), out, &mut ws.a)
 }
 
 /// The shape checks of [`e2m1_gemm_tn`] for A and a B of `(N, K)`.
@@ -459,7 +452,7 @@ pub fn e2m1_dot_reference(a: &[f32], b: &[f32]) -> Option<f32> {
 /// ([`e2m1_native`]) and the operand splits.
 #[derive(Clone, Debug)]
 pub struct PackedE2m1B {
-    records: Vec<Line>,
+    records: TileWords,
     rows: usize,
     k: usize,
 }
@@ -472,7 +465,7 @@ impl PackedE2m1B {
     /// If the view does not fit its storage.
     pub fn new(b: MatRef<'_>) -> Option<PackedE2m1B> {
         assert!(b.fits(), "PackedE2m1B::new: the view exceeds its storage");
-        let mut records = Vec::new();
+        let mut records = TileWords::default();
         (e2m1_native() && pack_b(b, &mut records)).then_some(PackedE2m1B {
             records,
             rows: b.rows,
@@ -500,7 +493,7 @@ pub fn e2m1_gemm_tn_packed(
     check(a, (b.rows, b.k), out);
     e2m1_gemm_packed_b(
         a,
-        (bytemuck::cast_slice(&b.records), b.rows),
+        (bytemuck::cast_slice(&b.records[..]), b.rows),
         out,
         &mut ws.a,
     )

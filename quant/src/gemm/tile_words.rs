@@ -1,5 +1,6 @@
-//! [`TileWords`]: the growable buffer that packed BF16 tiles live in, allocated in whole
-//! cache lines so that every tile starts on one.
+//! [`TileWords`]: the growable buffer that the GEMMs' packed operands live in (the BF16
+//! tiles, the E2M1 GEMM's B records), allocated in whole cache lines so that every tile or
+//! record starts on one.
 //!
 //! The tile unit loads a tile as 16 rows of 64 bytes. From a buffer that starts off a
 //! 64-byte boundary (a `Vec<u32>` is only 4-byte aligned, and the allocator's large blocks
@@ -23,8 +24,9 @@ unsafe impl bytemuck::Zeroable for Line {}
 unsafe impl bytemuck::Pod for Line {}
 
 /// A growable `[u32]` whose first word is 64-byte aligned (the packed tiles of
-/// [`super::bf16`]; tiles are 1 KiB, so each one starts on a cache line). Dereferences to
-/// its words; grows with [`TileWords::grow_to`], never shrinks.
+/// [`super::bf16`], 1 KiB each, and the 384-byte B records of [`super::e2m1`]: each starts
+/// on a cache line). Dereferences to its words; grows with [`TileWords::grow_to`], never
+/// shrinks.
 #[derive(Clone, Debug, Default)]
 pub(crate) struct TileWords {
     lines: Vec<Line>,
