@@ -165,26 +165,18 @@ pub(crate) mod avx512 {
     use std::arch::x86_64::*;
 
     /// [`super::grid_sr`]'s rounding of `a` (non-negative) onto the multiples of `step` (a
-    /// power of two; `inv_step` its reciprocal), up iff `256 · frac(a / step) >= 256 - r`
-    /// for the random byte `r` of each lane: `(floor(t) + up) · step` with `t = a · inv_step`
-    /// exact, its floor by the magic number `2^23` added with rounding toward -inf (exact
-    /// for `0 <= t < 2^23`: the sum's ulp is 1).
+    /// power of two; `inv_step` its reciprocal), up iff `floor(256 · frac(a / step)) + r >=
+    /// 256` for the random byte `r` of each lane, in integers: `floor(t) + up` is
+    /// `(floor(256 · t) + r) >> 8` with `t = a / step` (`256 · t` is exact and below `2^31`
+    /// for the grids here, `t <= 2^(m + 1)`, so truncating it to an integer is its floor), and
+    /// the result `(floor(t) + up) · step` is the same product of the same values.
     #[inline]
     #[target_feature(enable = "avx512f")]
     pub(crate) fn round_sr(a: __m512, step: __m512, inv_step: __m512, r: __m512i) -> __m512 {
-        let (one, two23, c256) = (
-            _mm512_set1_ps(1.0),
-            _mm512_set1_ps(8_388_608.0),
-            _mm512_set1_ps(256.0),
-        );
-        let t = _mm512_mul_ps(a, inv_step);
-        let down = _mm512_add_round_ps::<{ _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC }>(t, two23);
-        let fl = _mm512_sub_ps(down, two23);
-        let frac = _mm512_mul_ps(_mm512_sub_ps(t, fl), c256);
-        let threshold = _mm512_sub_ps(c256, _mm512_cvtepi32_ps(r));
-        let up = _mm512_cmp_ps_mask::<_CMP_GE_OQ>(frac, threshold);
-        // `fl + 0` is `fl` itself (fl >= +0), so only the rounded-up lanes add.
-        _mm512_mul_ps(_mm512_mask_add_ps(fl, up, fl, one), step)
+        let t256 = _mm512_mul_ps(_mm512_mul_ps(a, inv_step), _mm512_set1_ps(256.0));
+        let sum = _mm512_add_epi32(_mm512_cvttps_epi32(t256), r);
+        let n = _mm512_cvtepi32_ps(_mm512_srli_epi32::<8>(sum));
+        _mm512_mul_ps(n, step)
     }
 
     /// `fl(v · s)` with the sign bit of `y` (the bits of the scaled element) put back.
@@ -203,27 +195,16 @@ pub(crate) mod avx2 {
     use std::arch::x86_64::*;
 
     /// [`super::grid_sr`]'s rounding of `a` (non-negative) onto the multiples of `step` (a
-    /// power of two; `inv_step` its reciprocal), up iff `256 · frac(a / step) >= 256 - r` for
-    /// the random byte `r` of each lane: `(floor(t) + up) · step` with `t = a · inv_step` exact,
-    /// its floor by the magic number `2^23`.
+    /// power of two; `inv_step` its reciprocal) with the random byte `r` of each lane, in
+    /// integers as [`super::avx512::round_sr`]: `(floor(256 · a / step) + r) >> 8` times
+    /// `step`.
     #[inline]
     #[target_feature(enable = "avx2")]
     pub(crate) fn round_sr(a: __m256, step: __m256, inv_step: __m256, r: __m256i) -> __m256 {
-        let (one, two23, c256) = (
-            _mm256_set1_ps(1.0),
-            _mm256_set1_ps(8_388_608.0),
-            _mm256_set1_ps(256.0),
-        );
-        let t = _mm256_mul_ps(a, inv_step);
-        let n = _mm256_sub_ps(_mm256_add_ps(t, two23), two23);
-        // `n - 1` where above `t`, else `n - 0`, which is `n` itself (n >= +0)
-        let above = _mm256_cmp_ps::<_CMP_GT_OQ>(n, t);
-        let fl = _mm256_sub_ps(n, _mm256_and_ps(above, one));
-        let frac = _mm256_mul_ps(_mm256_sub_ps(t, fl), c256);
-        let threshold = _mm256_sub_ps(c256, _mm256_cvtepi32_ps(r));
-        let up = _mm256_cmp_ps::<_CMP_GE_OQ>(frac, threshold);
-        // `fl + 0` is `fl` itself (fl >= +0), so only the rounded-up lanes change
-        _mm256_mul_ps(_mm256_add_ps(fl, _mm256_and_ps(up, one)), step)
+        let t256 = _mm256_mul_ps(_mm256_mul_ps(a, inv_step), _mm256_set1_ps(256.0));
+        let sum = _mm256_add_epi32(_mm256_cvttps_epi32(t256), r);
+        let n = _mm256_cvtepi32_ps(_mm256_srli_epi32::<8>(sum));
+        _mm256_mul_ps(n, step)
     }
 
     /// `fl(v · s)` with the sign bit of `y` (the bits of the scaled element) put back.
@@ -233,5 +214,79 @@ pub(crate) mod avx2 {
         let sign = _mm256_set1_epi32(0x8000_0000u32 as i32);
         let m = _mm256_castps_si256(_mm256_mul_ps(v, s));
         _mm256_castsi256_ps(_mm256_or_si256(m, _mm256_and_si256(y, sign)))
+    }
+}
+
+#[cfg(all(test, target_arch = "x86_64"))]
+mod tests {
+    use super::*;
+    use std::arch::x86_64::*;
+
+    /// The vector stochastic rounding (integer form) against [`grid_sr`] on every grid the
+    /// kernels round onto, for magnitudes across every binade (4096 f32s evenly up to `MAX`,
+    /// plus each grid point, its neighbours and the midpoints between grid points) and all
+    /// 256 random bytes; AVX2 and AVX-512 where this CPU has them.
+    #[test]
+    fn vector_sr_matches_grid_sr() {
+        fn magnitudes<F: Elem>() -> Vec<f32> {
+            let top = F::MAX.to_bits();
+            let stride = (top / 4096) | 1; // odd: every low mantissa bit pattern comes up
+            let mut v: Vec<f32> = (0..=top)
+                .step_by(stride as usize)
+                .map(f32::from_bits)
+                .collect();
+            for code in 0..(1u8 << (F::BITS - 1)) {
+                let g = F::from_bits(code).to_f32();
+                if !(g.is_finite() && g <= F::MAX) {
+                    continue;
+                }
+                for d in [-1i32, 0, 1] {
+                    v.push(f32::from_bits((g.to_bits() as i32 + d).max(0) as u32));
+                }
+                let next = F::from_bits(code + 1).to_f32();
+                if next.is_finite() && next <= F::MAX {
+                    v.push((g + next) / 2.0);
+                }
+            }
+            v.retain(|a| *a <= F::MAX);
+            v
+        }
+        fn check<F: Elem>(what: &str) {
+            let (avx2, avx512) = (fp_formats::cpu::has_avx2(), fp_formats::cpu::has_avx512f());
+            if !avx2 && !avx512 {
+                eprintln!("SKIP {what}: neither AVX2 nor AVX-512F here");
+                return;
+            }
+            let m = F::MANTISSA_BITS << 23;
+            for a in magnitudes::<F>() {
+                let eb = binade::<F>(a).to_bits();
+                let (step, inv) = (f32::from_bits(eb - m), f32::from_bits((254 << 23) - eb + m));
+                for r in 0..=255u8 {
+                    let want = grid_sr::<F>(a, r).to_bits();
+                    // SAFETY: each vector path runs only where its instructions are present.
+                    unsafe {
+                        if avx2 {
+                            let (va, vs, vi) =
+                                (_mm256_set1_ps(a), _mm256_set1_ps(step), _mm256_set1_ps(inv));
+                            let got = avx2::round_sr(va, vs, vi, _mm256_set1_epi32(r as i32));
+                            let got = _mm256_cvtss_f32(got).to_bits();
+                            assert_eq!(got, want, "{what} AVX2: a = {a:e}, r = {r}");
+                        }
+                        if avx512 {
+                            let (va, vs, vi) =
+                                (_mm512_set1_ps(a), _mm512_set1_ps(step), _mm512_set1_ps(inv));
+                            let got = avx512::round_sr(va, vs, vi, _mm512_set1_epi32(r as i32));
+                            let got = _mm512_cvtss_f32(got).to_bits();
+                            assert_eq!(got, want, "{what} AVX-512: a = {a:e}, r = {r}");
+                        }
+                    }
+                }
+            }
+        }
+        check::<E2M1>("E2M1");
+        check::<E2M3>("E2M3");
+        check::<E3M2>("E3M2");
+        check::<E4M3>("E4M3");
+        check::<E5M2>("E5M2");
     }
 }

@@ -177,19 +177,21 @@ fn packed_operands_equal_the_whole_operand_path() {
     // K = 1008: 63 NVFP4 blocks, 31.5 chunks; M = 300, N = 70: partial tiles and blocks;
     // about 64 rows (rowwise) or 2-7 chunks (columnwise) per quantize-and-pack panel here,
     // so several panels per operand.
-    let dims = (300, 70, 1008);
     let fs = formats();
     let rowwise = (0..fs.len()).map(|i| (fs[i], fs[(i + 3) % fs.len()], Usage::Rowwise));
     let columnwise = columnwise_pairs()
         .into_iter()
         .map(|(a, b)| (a, b, Usage::Columnwise));
     let cases: Vec<_> = rowwise.chain(columnwise).collect();
-    for (qa, qb, usage) in &cases {
-        let (first, states) = run((qa, qb, *usage), dims, 1);
-        for threads in [2, 3] {
-            let (other, st) = run((qa, qb, *usage), dims, threads);
-            assert!(same_bits(&first, &other));
-            assert_eq!(states[0].scale(), st[0].scale());
+    // ... and M = 96, N = 80: whole 16-column stretches (the AVX-512 columnwise kernels)
+    for dims in [(300, 70, 1008), (96, 80, 1008)] {
+        for (qa, qb, usage) in &cases {
+            let (first, states) = run((qa, qb, *usage), dims, 1);
+            for threads in [2, 3] {
+                let (other, st) = run((qa, qb, *usage), dims, threads);
+                assert!(same_bits(&first, &other));
+                assert_eq!(states[0].scale(), st[0].scale());
+            }
         }
     }
     // small and odd shapes: one panel, fewer rows than a tile, K below a block or a chunk
@@ -211,7 +213,7 @@ fn packed_operands_equal_the_whole_operand_path() {
 
 #[test]
 fn packed_path_reports_non_finite_input() {
-    let (m, n, k) = (40, 16, 64);
+    let (m, n, k) = (48, 16, 64);
     let mut a = data(m * k, 3);
     a[17 * k + 5] = f32::NAN;
     let b = data(n * k, 4);
@@ -240,6 +242,35 @@ fn packed_path_reports_non_finite_input() {
                 assert_eq!(e.to_string(), w.to_string())
             }
             (r, w) => panic!("{q:?}: {r:?} vs {w:?}"),
+        }
+    }
+    // columnwise with RHT (`[K, outer]` tensors, 16 whole columns): a NaN, and a column
+    // whose Hadamard sums overflow
+    let rht = OperandQuant::nvfp4().with_rht(Rht::FixedSigns);
+    for (at, bad) in [(17 * m + 5, f32::NAN), (usize::MAX, f32::MAX)] {
+        let mut a = data(k * m, 3);
+        if at == usize::MAX {
+            (0..k).for_each(|r| a[r * m + 7] = bad);
+        } else {
+            a[at] = bad;
+        }
+        let b = data(k * n, 4);
+        let xa = quantizer(&rht, Usage::Columnwise, key).unwrap();
+        let xb = quantizer(&rht, Usage::Columnwise, key).unwrap();
+        let r = quantized_matmul_tn_with(
+            Operand::new(MatRef::new(&a, k, m).unwrap(), xa),
+            Operand::new(MatRef::new(&b, k, n).unwrap(), xb),
+            &mut vec![0.0f32; m * n],
+            &mut GemmWorkspace::new(),
+        );
+        let want = xa.fake_quantize_into(
+            MatRef::new(&a, k, m).unwrap(),
+            &mut QuantState::new(),
+            &mut vec![0.0f32; m * k],
+        );
+        match (r, want) {
+            (Err(e), Err(w)) => assert_eq!(e.to_string(), w.to_string()),
+            (r, w) => panic!("columnwise RHT, {bad}: {r:?} vs {w:?}"),
         }
     }
 }

@@ -353,6 +353,67 @@ unsafe fn rht_strip_impl(
     (_mm512_reduce_max_ps(amax), bad != 0)
 }
 
+/// The amax and finiteness that [`rht_strip`] returns for the same strip, without storing
+/// it (the packed path's amax pass): the largest magnitude is taken before the `+ 0`, the
+/// factor 0.25 and the BF16 rounding, which are applied once to it at the end. The `+ 0`
+/// changes only the sign of a zero, and the multiplication and the rounding are monotonic
+/// in the magnitude and symmetric in the sign, so the largest rounded magnitude is the
+/// rounding of the largest magnitude, and it overflows exactly when some rounded value
+/// does. A NaN is flagged as in [`rht_strip`].
+///
+/// # Panics
+/// If the strip would read outside `x`.
+pub(super) fn rht_strip_amax(x: &[f32], ld: usize, r0: usize, n: usize, mask: u16) -> (f32, bool) {
+    assert!(n.is_multiple_of(BLOCK) && n <= ld);
+    if n == 0 {
+        return (0.0, false);
+    }
+    assert!(
+        (r0 + BLOCK - 1) * ld + n <= x.len(),
+        "rht_strip_amax: input"
+    );
+    assert!(available());
+    // SAFETY: AVX-512F is present (asserted) and the bounds were checked just above.
+    let (largest, nan) = unsafe { rht_strip_amax_impl(x.as_ptr(), ld, r0, n, mask) };
+    // the reference's BF16 rounding (nearest even) of the scaled largest magnitude
+    let b = (largest * 0.25).to_bits();
+    let amax = f32::from_bits(b.wrapping_add(0x7FFF + ((b >> 16) & 1)) & 0xFFFF_0000);
+    (amax, nan || amax > f32::MAX)
+}
+
+/// [`rht_strip_amax`] after its checks: the largest magnitude of the unscaled butterfly
+/// outputs, and whether any of them is a NaN.
+///
+/// # Safety
+/// The CPU must support AVX-512F; `x` must be valid for reads of `(r0 + 15) · ld + n`
+/// elements; `n` a multiple of 16.
+#[target_feature(enable = "avx512f")]
+unsafe fn rht_strip_amax_impl(
+    x: *const f32,
+    ld: usize,
+    r0: usize,
+    n: usize,
+    mask: u16,
+) -> (f32, bool) {
+    let flips = sign_flips(mask);
+    let mut largest = _mm512_setzero_ps();
+    let mut nan: __mmask16 = 0;
+    for c in (0..n).step_by(BLOCK) {
+        let mut v: [__m512; BLOCK] = core::array::from_fn(|i| {
+            // SAFETY: (r0 + i) * ld + c + 16 <= (r0 + 15) * ld + n.
+            let e = unsafe { _mm512_loadu_si512(x.add((r0 + i) * ld + c).cast()) };
+            _mm512_castsi512_ps(_mm512_xor_si512(e, flips[i]))
+        });
+        hadamard16_butterflies!(v, _mm512_add_ps, _mm512_sub_ps);
+        for y in v {
+            nan |= _mm512_cmp_ps_mask::<_CMP_UNORD_Q>(y, y);
+            // MAXPS keeps its second operand when the first is a NaN (flagged above)
+            largest = _mm512_max_ps(_mm512_abs_ps(y), largest);
+        }
+    }
+    (_mm512_reduce_max_ps(largest), nan != 0)
+}
+
 /// The sign-flip masks of the Hadamard transform's random signs, one per input row.
 #[inline]
 #[target_feature(enable = "avx512f")]
@@ -617,6 +678,71 @@ mod tests {
                         }
                     }
                 }
+            }
+        }
+    }
+
+    /// The amax pass without stores returns what the staging returns: on random data at
+    /// several magnitudes, on columns whose transform reaches the top of the f32 range or
+    /// overflows in the butterflies, on subnormals and signed zeros, and with a NaN or an
+    /// infinity anywhere.
+    #[test]
+    fn strip_amax_matches_the_staging() {
+        if !runs_here() {
+            return;
+        }
+        let (ld, rows) = (48, 32);
+        let check = |x: &[f32], mask: u16, what: &str| {
+            let mut staged = vec![0.0f32; BLOCK * ld];
+            for r0 in [0, 16] {
+                for n in [16, 32, 48] {
+                    let want = rht_strip(x, ld, r0, n, &mut staged, mask);
+                    let got = rht_strip_amax(x, ld, r0, n, mask);
+                    assert_eq!(got.1, want.1, "{what}: r0 {r0} n {n} mask {mask:#x}");
+                    if !want.1 {
+                        assert_eq!(got.0.to_bits(), want.0.to_bits(), "{what}: r0 {r0} n {n}");
+                    }
+                }
+            }
+        };
+        let mut random = xorshift(7);
+        for scale in [1.0f32, 1e-3, 1e30, 1e-41, 0.0] {
+            let x: Vec<f32> = (0..ld * rows)
+                .map(|_| ((random() >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * scale)
+                .collect();
+            check(&x, random() as u16, &format!("random x {scale:e}"));
+        }
+        // a column whose signs undo the sign flips sums to 16 times its value in the first
+        // output: the largest finite sums, one that rounds up in BF16, and overflowing ones
+        let mask = 0b0110_1001_1100_0101u16;
+        for top in [
+            f32::MAX / 16.0,
+            f32::from_bits(0x7F7F_8000) / 16.0,
+            f32::from_bits(0x7F7F_7FFF) / 16.0,
+            f32::MAX / 8.0,
+            f32::MAX,
+        ] {
+            for sign in [1.0f32, -1.0] {
+                let mut x = vec![0.5f32; ld * rows];
+                for r in 0..rows {
+                    let flip = if (mask >> (r % BLOCK)) & 1 == 1 {
+                        -1.0
+                    } else {
+                        1.0
+                    };
+                    x[r * ld + 21] = sign * flip * top;
+                }
+                check(&x, mask, &format!("column of {top:e}"));
+            }
+        }
+        let mut zeros = vec![0.0f32; ld * rows];
+        zeros.iter_mut().step_by(3).for_each(|v| *v = -0.0);
+        check(&zeros, mask, "signed zeros");
+        for bad in [f32::NAN, f32::INFINITY, f32::NEG_INFINITY] {
+            for at in [0, 5 * ld + 17, 19 * ld + 47, ld * rows - 1] {
+                let mut x = vec![1.0f32; ld * rows];
+                x[at] = bad;
+                check(&x, mask, &format!("{bad} at {at}"));
             }
         }
     }

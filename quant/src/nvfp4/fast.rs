@@ -840,10 +840,11 @@ pub(super) fn fake_quantize_columnwise_source_layout(
 }
 
 /// [`fake_quantize_columnwise_source_layout`] packed into GEMM tiles chunk-major, panel by
-/// panel ([`crate::gemm::pack::pack_panels_chunk_major`]): with RHT, a first pass stages
-/// each panel's transform in scratch only for the amax (the same values and reduction as
-/// the staging pass), and the packing pass transforms each panel again before quantizing it
-/// in place. Returns `S_dec`, or `None` for a non-finite transformed value.
+/// panel ([`crate::gemm::pack::pack_panels_chunk_major`]): with RHT, a first pass
+/// transforms each panel only for the amax (the same amax as the staging pass; with AVX-512
+/// and whole 16-column stretches nothing is stored, `avx512::rht_strip_amax`, else the
+/// transform is staged in scratch), and the packing pass transforms each panel again before
+/// quantizing it in place. Returns `S_dec`, or `None` for a non-finite transformed value.
 ///
 /// # Errors
 /// Non-finite input without RHT, reported with its index by the amax pass.
@@ -861,6 +862,15 @@ pub(super) fn fake_quantize_packed_source(
             .into_par_iter()
             .map(|i| {
                 let n = (k - i * p).min(p);
+                #[cfg(target_arch = "x86_64")]
+                if !plan.portable && super::avx512::available() && cols.is_multiple_of(BLOCK) {
+                    let mask = plan.mask.expect("a Hadamard transform");
+                    return (0..n).step_by(BLOCK).fold((0.0, true), |(a, ok), r| {
+                        let (s, bad) =
+                            super::avx512::rht_strip_amax(x, cols, i * p + r, cols, mask);
+                        (max(a, s), ok && !bad)
+                    });
+                }
                 crate::panel::with_scratch(|s| {
                     let dst = crate::panel::grow(&mut s.panel, n * cols);
                     rht_stage_panel_dispatch(dst, plan, x, i * p)
