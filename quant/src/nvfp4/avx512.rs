@@ -6,7 +6,8 @@
 //!   layout (one row of 16 stored blocks per register): `fast::fake_vertical`'s lane-wise
 //!   block amaxes, `fast::group_scales` on 16 lanes, then per element the RNE or stochastic
 //!   rounding onto the E2M1 grid times the block scale (tested below against the portable
-//!   code);
+//!   code); with a tile-wide scale and RNE it also quantizes a whole 16x16 tile of a
+//!   rowwise operand (the weights' 2D scaling), whose elements all get the same treatment;
 //! * [`row_group`]: up to 16 whole blocks of a stored row (`fast::fake_panel`'s rowwise
 //!   loop);
 //! * [`rht_strip`]: the Hadamard staging of 16 input rows, 16 columns per step (the AVX2

@@ -316,12 +316,38 @@ fn fake_panel(dst: &mut [f32], plan: &Plan, src: impl Source, g: &GlobalScale, p
     let bpr = plan.blocks_per_row();
     let mut v: Tile = [[0.0; BLOCK]; BLOCK];
     // (No closures: they would be compiled outside the AVX2 build of this function.)
+    #[cfg(target_arch = "x86_64")]
+    let wide = !plan.portable && super::avx512::available();
     if plan.tile2d {
         for r0 in (0..n).step_by(BLOCK) {
             let nr = (n - r0).min(BLOCK);
             for b in 0..bpr {
                 let c0 = b * BLOCK;
                 let nc = (cols - c0).min(BLOCK);
+                // A whole tile rounded to nearest: one scale and the same rounding for every
+                // element, so the lane-wise stretch kernel with its tile-wide amax computes
+                // it (with stochastic rounding its random bytes would be transposed).
+                #[cfg(target_arch = "x86_64")]
+                if wide && !plan.sr && nr == BLOCK && nc == BLOCK {
+                    let q = super::avx512::Stretch {
+                        tile2d: true,
+                        sr: false,
+                        g,
+                        key: plan.key,
+                        first: 0,
+                        stride: 0,
+                    };
+                    let s = r0 * cols + c0;
+                    assert!(s + (BLOCK - 1) * cols + BLOCK <= dst.len());
+                    let d = dst.as_mut_ptr();
+                    // SAFETY: AVX-512F is present (`available`); rows r0 .. r0 + 16, columns
+                    // c0 .. c0 + 16 lie inside `dst` (asserted) and inside the source, which
+                    // is shaped like `dst` (or is `dst`).
+                    unsafe {
+                        super::avx512::vertical_stretch(src.base(d).add(s), d.add(s), cols, q)
+                    };
+                    continue;
+                }
                 for i in 0..BLOCK {
                     let s = (r0 + i) * cols + c0;
                     v[i] = if i < nr {
@@ -340,8 +366,6 @@ fn fake_panel(dst: &mut [f32], plan: &Plan, src: impl Source, g: &GlobalScale, p
         }
         return;
     }
-    #[cfg(target_arch = "x86_64")]
-    let wide = !plan.portable && super::avx512::available();
     for r in 0..n {
         for b0 in (0..bpr).step_by(BLOCK) {
             let nb = (bpr - b0).min(BLOCK);
