@@ -285,11 +285,14 @@ fn the_pair_arithmetic_is_vdpbf16ps_as_measured() {
 #[test]
 fn rows_do_not_depend_on_m_or_threads() {
     let mut rnd = lcg(3);
-    let (m, n, k) = (70, 48, 2100); // two K slabs
-    let a: Vec<f32> = (0..m * k).map(|_| rnd()).collect();
-    let b: Vec<f32> = (0..n * k).map(|_| rnd()).collect();
-    for arith in BOTH {
-        rows_independent(arith, &a, &b, (m, n, k));
+    // two K slabs; then N = 1100, 35 column blocks: B in two panels, each slab of A packed
+    // once for both (a transposed A is packed whole instead: the same bits)
+    for (m, n, k) in [(70, 48, 2100), (70, 1100, 600)] {
+        let a: Vec<f32> = (0..m * k).map(|_| rnd()).collect();
+        let b: Vec<f32> = (0..n * k).map(|_| rnd()).collect();
+        for arith in BOTH {
+            rows_independent(arith, &a, &b, (m, n, k));
+        }
     }
 }
 

@@ -59,6 +59,18 @@ pub(super) const BLOCK: usize = 2 * TILE;
 /// core's L2 on the CPUs with AMX (all of it on a Zen 4, where the limit is not measured).
 const SLAB_B_TILES: usize = 1024;
 
+/// Column blocks of B per panel: B's tiles of one panel and slab stay within
+/// [`SLAB_B_TILES`] at the shortest slab (16 chunks). A B wider than this (N > 1024) is
+/// multiplied panel by panel, each panel's slab reused from L2 by every row block of a task,
+/// instead of the whole slab streaming from the last-level cache for each row block
+/// (N = 2048-4096 products ran at 0.15-0.2 of the AMX peak so, against 0.3-0.4 at N <= 1024).
+const PANEL_BLOCKS: usize = SLAB_B_TILES / (2 * 16);
+
+/// The most packed A tiles a task keeps for one slab when B comes in several panels
+/// ([`PANEL_BLOCKS`]): each block of A is then packed once per slab into this buffer and read
+/// by every panel, and the task's row blocks are capped to fit (2 MiB).
+const GROUP_A_TILES: usize = 2048;
+
 /// Products of at most this many multiply-adds (`M · N · K`, a few microseconds on one core)
 /// run as one task: attention as a whole was 3-5% faster so (its products per head and query
 /// block are 64 x 128 x 32 at the `small` preset, and attention already runs its heads in
@@ -602,19 +614,26 @@ fn gemm_sides(
     assert!(pb.len() >= nb * 2 * kc * TILE_WORDS);
     let pa = &ws.a[..];
     // Each task owns a group of 32-row blocks of the output (written by it alone) and runs
-    // over K in slabs of `slab` chunks, all its blocks per slab, so that the slab of B's tiles
-    // is reused from the cache by every block of the group. An output element still takes its
+    // over K in slabs of `slab` chunks, and within a slab over B in panels of at most
+    // `PANEL_BLOCKS` column blocks, all its blocks per panel, so that the panel's slab of B's
+    // tiles is reused from the cache by every block of the group. An output element still takes its
     // chunks in order (the tiles are stored and reloaded exactly between slabs), so its bits
     // do not depend on the grouping, the slab size or the thread count.
     let (la, lb) = (Layout::of(&a, kc, mb * 2), Layout::of(&b, kc, nb * 2));
+    let panel = nb.min(PANEL_BLOCKS);
+    let slab = slab_chunks(kc, panel);
+    // with several panels, a task's A blocks of a slab are packed once for all of them
+    let keep_a = nb > panel && a_view.is_some();
     // a small product (attention's, per query block and head) in one task: splitting it
     // costs the pool more than the second half's arithmetic saves
     let group = if m * n * k <= ONE_TASK_PRODUCT {
         mb
+    } else if keep_a {
+        let most = (GROUP_A_TILES / (2 * slab)).max(1);
+        mb.div_ceil(2 * rayon::current_num_threads()).clamp(1, most)
     } else {
         mb.div_ceil(2 * rayon::current_num_threads()).max(1)
     };
-    let slab = slab_chunks(kc, nb);
     out.par_chunks_mut(group * BLOCK * n)
         .enumerate()
         .for_each(|(g, rows)| {
@@ -622,47 +641,59 @@ fn gemm_sides(
             let mut own = A_BLOCK.with(Cell::take);
             #[cfg(target_arch = "x86_64")]
             let _cfg = (unit == Unit::Amx).then(super::amx::TileConfig::load);
+            let blocks = rows.len().div_ceil(BLOCK * n);
             for k0 in (0..kc).step_by(slab) {
                 let kn = (kc - k0).min(slab);
                 let acc = k0 > 0;
                 // the epilogue's factor, applied to each block once its last slab is stored
                 // (the block still in L1), instead of in a pass over the whole output
                 let scale = (k0 + kn == kc && alpha != 1.0).then_some(alpha);
-                for (bi, rows) in rows.chunks_mut(BLOCK * n).enumerate() {
-                    let ib = g * group + bi;
-                    let a_blk = match a_view {
-                        Some(a) => {
-                            own.grow_to(2 * kn * TILE_WORDS);
-                            super::pack::pack_a_block(a, ib, (k0, kn), &mut own);
-                            Layout { run: kn, step: 1 }.tiles(&own, 0, 0, kn)
-                        }
-                        None => la.tiles(pa, ib, k0, kn),
-                    };
-                    let m_here = rows.len() / n;
-                    for jb in 0..nb {
-                        let b_blk = lb.tiles(pb, jb, k0, kn);
-                        let n_here = (n - jb * BLOCK).min(BLOCK);
-                        let tiles = (a_blk, b_blk, kn);
-                        if m_here == BLOCK && n_here == BLOCK {
-                            // a whole block: straight into the output rows
-                            block(unit, tiles, acc, &mut rows[jb * BLOCK..], n, BLOCK);
-                            if let Some(alpha) = scale {
-                                scale_block(&mut rows[jb * BLOCK..], n, BLOCK, alpha);
+                let a_run = Layout { run: kn, step: 1 };
+                if let (true, Some(a)) = (keep_a, a_view) {
+                    own.grow_to(blocks * 2 * kn * TILE_WORDS);
+                    for bi in 0..blocks {
+                        let at = &mut own[bi * 2 * kn * TILE_WORDS..];
+                        super::pack::pack_a_block(a, g * group + bi, (k0, kn), at);
+                    }
+                }
+                for j0 in (0..nb).step_by(panel) {
+                    for (bi, rows) in rows.chunks_mut(BLOCK * n).enumerate() {
+                        let ib = g * group + bi;
+                        let a_blk = match a_view {
+                            Some(_) if keep_a => a_run.tiles(&own, bi, 0, kn),
+                            Some(a) => {
+                                own.grow_to(2 * kn * TILE_WORDS);
+                                super::pack::pack_a_block(a, ib, (k0, kn), &mut own);
+                                a_run.tiles(&own, 0, 0, kn)
                             }
-                        } else {
-                            if acc {
-                                for r in 0..m_here {
-                                    c[r * BLOCK..][..n_here]
-                                        .copy_from_slice(&rows[r * n + jb * BLOCK..][..n_here]);
+                            None => la.tiles(pa, ib, k0, kn),
+                        };
+                        let m_here = rows.len() / n;
+                        for jb in j0..(j0 + panel).min(nb) {
+                            let b_blk = lb.tiles(pb, jb, k0, kn);
+                            let n_here = (n - jb * BLOCK).min(BLOCK);
+                            let tiles = (a_blk, b_blk, kn);
+                            if m_here == BLOCK && n_here == BLOCK {
+                                // a whole block: straight into the output rows
+                                block(unit, tiles, acc, &mut rows[jb * BLOCK..], n, BLOCK);
+                                if let Some(alpha) = scale {
+                                    scale_block(&mut rows[jb * BLOCK..], n, BLOCK, alpha);
                                 }
-                            }
-                            block(unit, tiles, acc, &mut c, BLOCK, m_here);
-                            if let Some(alpha) = scale {
-                                scale_block(&mut c, BLOCK, m_here, alpha);
-                            }
-                            for r in 0..m_here {
-                                rows[r * n + jb * BLOCK..][..n_here]
-                                    .copy_from_slice(&c[r * BLOCK..][..n_here]);
+                            } else {
+                                if acc {
+                                    for r in 0..m_here {
+                                        c[r * BLOCK..][..n_here]
+                                            .copy_from_slice(&rows[r * n + jb * BLOCK..][..n_here]);
+                                    }
+                                }
+                                block(unit, tiles, acc, &mut c, BLOCK, m_here);
+                                if let Some(alpha) = scale {
+                                    scale_block(&mut c, BLOCK, m_here, alpha);
+                                }
+                                for r in 0..m_here {
+                                    rows[r * n + jb * BLOCK..][..n_here]
+                                        .copy_from_slice(&c[r * BLOCK..][..n_here]);
+                                }
                             }
                         }
                     }
@@ -703,7 +734,9 @@ fn scale_rows(c: &mut [f32], ld: usize, rows: usize, alpha: f32) {
 
 thread_local! {
     /// Each thread's tiles of the A block it multiplies (see [`gemm_sides`]), kept between
-    /// calls: at most 2 x 64 tiles (128 KiB), which stay in the core's cache.
+    /// calls: at most 2 x 64 tiles (128 KiB), which stay in the core's cache; or, where B
+    /// comes in several panels, its group's A blocks of one slab (at most [`GROUP_A_TILES`],
+    /// 2 MiB).
     static A_BLOCK: Cell<TileWords> = Cell::new(TileWords::default());
 }
 
