@@ -3,9 +3,10 @@
 //! per-tensor factor, the clipped count and the [`QuantState`] afterwards, for E4M3 and
 //! E5M2, current (with and without power-of-two scales) and delayed scaling over several
 //! steps, RNE and SR, both usages, odd shapes, ±0, f32 subnormals, FP8 subnormal results,
-//! clipping, NaN and ±Inf, on 1 and 2 threads, in the baseline and the AVX2 build. The
-//! element rounding itself is the shared [`crate::grid`] code, checked exhaustively in
-//! `mx/fast.rs`; here its FP8 NaN handling and code emission are checked element-wise too.
+//! clipping, NaN and ±Inf, on 1 and 2 threads, in the baseline and the widest vector build
+//! this CPU runs (AVX-512 or AVX2). The element rounding itself is the shared
+//! [`crate::grid`] code, checked exhaustively in `mx/fast.rs`; here its FP8 NaN handling and
+//! code emission are checked element-wise too.
 
 use super::*;
 use fp_formats::{Overflow, Rounding};
@@ -556,6 +557,53 @@ fn delayed_amax_ignores_nan_anywhere() {
                     assert!(same_state(&s_enc, &s_fused), "{what}: state");
                 }
             }
+        }
+    }
+}
+
+/// The parallel, vectorised tensor amax against a scalar fold, NaN-ignoring: lengths around
+/// the 64-lane loop and the 64 Ki-element tasks, with NaN, ±Inf, -0, subnormals and the
+/// largest magnitude at the start, inside the lanes, in the tail and across tasks.
+#[test]
+fn tensor_amax_equals_a_scalar_fold() {
+    let scalar = |x: &[f32]| {
+        x.iter()
+            .fold(0.0f32, |m, v| if v.abs() > m { v.abs() } else { m })
+    };
+    let mut seed = 0x9E37_79B9u32;
+    let mut rnd = move || {
+        seed ^= seed << 13;
+        seed ^= seed >> 17;
+        seed ^= seed << 5;
+        (seed >> 8) as f32 / (1u32 << 24) as f32 - 0.5
+    };
+    let lens = [
+        0usize, 1, 15, 63, 64, 65, 127, 200, 65_535, 65_536, 65_537, 200_003,
+    ];
+    for &n in &lens {
+        let base: Vec<f32> = (0..n).map(|_| rnd()).collect();
+        let mut cases = vec![base.clone()];
+        for (at, v) in [
+            (0, f32::NAN),
+            (n / 2, -f32::NAN),
+            (n.saturating_sub(1), f32::NAN),
+            (n / 3, -7.5),
+            (n.saturating_sub(1), 9.0),
+            (n / 2, f32::NEG_INFINITY),
+            (n / 4, -0.0),
+        ] {
+            if n > 0 {
+                let mut x = base.clone();
+                x[at] = v;
+                cases.push(x);
+            }
+        }
+        cases.push(vec![f32::NAN; n]);
+        cases.push(vec![-0.0; n]);
+        cases.push(vec![f32::from_bits(1); n]);
+        for x in &cases {
+            let (got, want) = (tensor_amax(x), scalar(x));
+            assert_eq!(got.to_bits(), want.to_bits(), "length {n}");
         }
     }
 }
