@@ -234,6 +234,22 @@ fn panel<F: Fp8, T: Emit, S: Source<T>, const AMAX: bool>(
     }
 }
 
+/// Declares `$name`, [`panel`] compiled with the target feature `$feature`.
+#[cfg(target_arch = "x86_64")]
+macro_rules! panel_built_with {
+    ($name:ident, $feature:literal) => {
+        #[target_feature(enable = $feature)]
+        unsafe fn $name<F: Fp8, T: Emit, S: Source<T>, const AMAX: bool>(
+            src: S,
+            scale: f32,
+            rbits: Option<&[u8]>,
+            dst: &mut [T],
+        ) -> CastStats {
+            panel::<F, T, S, AMAX>(src, scale, rbits, dst)
+        }
+    };
+}
+
 /// Runs [`panel`] compiled with AVX-512F or else AVX2 when the CPU has it and `portable` is
 /// not set (identical results: same IEEE operations, no FMA), else the baseline build.
 fn panel_dispatch<F: Fp8, T: Emit, S: Source<T>, const AMAX: bool>(
@@ -244,35 +260,19 @@ fn panel_dispatch<F: Fp8, T: Emit, S: Source<T>, const AMAX: bool>(
     portable: bool,
 ) -> CastStats {
     #[cfg(target_arch = "x86_64")]
-    {
-        #[target_feature(enable = "avx512f")]
-        unsafe fn avx512<F: Fp8, T: Emit, S: Source<T>, const AMAX: bool>(
-            src: S,
-            scale: f32,
-            rbits: Option<&[u8]>,
-            dst: &mut [T],
-        ) -> CastStats {
-            panel::<F, T, S, AMAX>(src, scale, rbits, dst)
-        }
-        if !portable && fp_formats::cpu::has_avx512f() {
+    if !portable {
+        panel_built_with!(avx512, "avx512f");
+        if fp_formats::cpu::has_avx512f() {
             // SAFETY: the running CPU supports AVX-512F (the shared dispatch checked).
             return unsafe { avx512::<F, T, S, AMAX>(src, scale, rbits, dst) };
         }
-    }
-    #[cfg(all(target_arch = "x86_64", not(target_feature = "avx2")))]
-    {
-        #[target_feature(enable = "avx2")]
-        unsafe fn avx2<F: Fp8, T: Emit, S: Source<T>, const AMAX: bool>(
-            src: S,
-            scale: f32,
-            rbits: Option<&[u8]>,
-            dst: &mut [T],
-        ) -> CastStats {
-            panel::<F, T, S, AMAX>(src, scale, rbits, dst)
-        }
-        if !portable && fp_formats::cpu::has_avx2() {
-            // SAFETY: the running CPU supports AVX2 (the shared dispatch checked).
-            return unsafe { avx2::<F, T, S, AMAX>(src, scale, rbits, dst) };
+        #[cfg(not(target_feature = "avx2"))]
+        {
+            panel_built_with!(avx2, "avx2");
+            if fp_formats::cpu::has_avx2() {
+                // SAFETY: the running CPU supports AVX2 (the shared dispatch checked).
+                return unsafe { avx2::<F, T, S, AMAX>(src, scale, rbits, dst) };
+            }
         }
     }
     let _ = portable;
