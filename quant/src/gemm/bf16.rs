@@ -615,10 +615,11 @@ fn gemm_sides(
     let pa = &ws.a[..];
     // Each task owns a group of 32-row blocks of the output (written by it alone) and runs
     // over K in slabs of `slab` chunks, and within a slab over B in panels of at most
-    // `PANEL_BLOCKS` column blocks, all its blocks per panel, so that the panel's slab of B's
-    // tiles is reused from the cache by every block of the group. An output element still takes its
-    // chunks in order (the tiles are stored and reloaded exactly between slabs), so its bits
-    // do not depend on the grouping, the slab size or the thread count.
+    // `PANEL_BLOCKS` column blocks, all its blocks per panel, so that the panel's slab of
+    // B's tiles is reused from the cache by every block of the group. An output element
+    // still takes its chunks in order (the tiles are stored and reloaded exactly between
+    // slabs), so its bits do not depend on the grouping, the slab size, the panels or the
+    // thread count.
     let (la, lb) = (Layout::of(&a, kc, mb * 2), Layout::of(&b, kc, nb * 2));
     let panel = nb.min(PANEL_BLOCKS);
     let slab = slab_chunks(kc, panel);
