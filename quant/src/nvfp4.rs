@@ -29,8 +29,8 @@
 //!   by its BF16-rounded transform before the amax and the quantization; the stored column
 //!   count (the original row count) must be a multiple of 16 (as in Transformer Engine's
 //!   reference), otherwise [`QuantError::InvalidConfig`]. Padding rows (Tile16) are added
-//!   after the transform. With [`crate::config::Rht::RandomSigns`] the sign mask is a function of the
-//!   [`RngKey`], so both Wgrad operands must be quantized with the same key.
+//!   after the transform. With [`crate::config::Rht::RandomSigns`] the sign mask is a
+//!   function of the [`RngKey`], so both Wgrad operands must be quantized with the same key.
 //! * **Stochastic rounding** ([`RoundingMode::Stochastic`]): scales are unchanged; each
 //!   element's scaled value `y = clamp(fl(v · enc_b), -6, 6)` is rounded up in magnitude with
 //!   probability `floor(256 f) / 256` using its 8 random bits `r` from the Philox stream of

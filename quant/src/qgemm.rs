@@ -9,10 +9,11 @@
 //!   times block scale, without the per-tensor factor) are exactly BF16, and the product
 //!   runs on [`quantized_gemm_tn`](crate::gemm::bf16::quantized_gemm_tn): the BF16 GEMM on
 //!   AMX-BF16 tiles where the CPU has them (FP32 accumulation in a fixed order,
-//!   docs/numerics.md#the-bf16-gemm), the f32 GEMM elsewhere. Two operands whose values are E2M1 ([`e2m1_values`]: NVFP4, MXFP4) multiply
-//!   on the E2M1 block GEMM instead where it runs ([`crate::gemm::e2m1`]: AVX2 CPUs without
-//!   a BF16 unit; exact group sums of 16, one rounding per group), their values then always
-//!   as f32 views. With an FP32 operand on either side it runs on the f32 GEMM ([`sgemm`]).
+//!   docs/numerics.md#the-bf16-gemm), the f32 GEMM elsewhere. Two operands whose values
+//!   are E2M1 ([`e2m1_values`]: NVFP4, MXFP4) multiply on the E2M1 block GEMM instead
+//!   where it runs ([`crate::gemm::e2m1`]: AVX2 CPUs without a BF16 unit; exact group sums
+//!   of 16, one rounding per group), their values then always as f32 views. With an FP32
+//!   operand on either side it runs on the f32 GEMM ([`sgemm`]).
 //!
 //! * An [`Operand`] is a row-major `[rows, cols]` tensor ([`MatRef`]) and its [`Quantizer`]:
 //!   rowwise, the GEMM operand is the tensor itself; columnwise, its transpose
@@ -23,9 +24,10 @@
 //!   straight into its packed tiles, panel by panel in cache, with no f32 copy
 //!   (`Quantizer::fake_quantize_packed`; the same bits). Otherwise quantized operands are
 //!   fake-quantized into reusable scratch buffers (per thread, or a caller-provided
-//!   [`GemmWorkspace`]); quantization is `O(MK + NK)` against the GEMM's `O(MNK)`. Columnwise operands stay in the layout of the tensor where the format allows
-//!   it ([`Quantizer::fake_quantize_source_layout`]; the GEMM reads them through a
-//!   transposed view, like an f32 operand). The BF16 GEMM applies α to each 32 x 32 output
+//!   [`GemmWorkspace`]); quantization is `O(MK + NK)` against the GEMM's `O(MNK)`.
+//!   Columnwise operands stay in the layout of the tensor where the format allows it
+//!   ([`Quantizer::fake_quantize_source_layout`]; the GEMM reads them through a transposed
+//!   view, like an f32 operand). The BF16 GEMM applies α to each 32 x 32 output
 //!   block as it finishes it (in L1); after the f32 and E2M1 GEMMs it is a pass over the
 //!   output, split across the rayon pool for large outputs (elementwise, so the bytes do not
 //!   depend on the thread count). Either way each element is `fl(fl(Σ) · α)`.

@@ -48,7 +48,7 @@ impl LaneCounts {
     /// Adds these counts into `n`.
     #[inline]
     #[target_feature(enable = "avx512f")]
-    fn add_to(self, n: &mut Counts) {
+    fn add_to(&self, n: &mut Counts) {
         n.clipped += _mm512_reduce_add_epi32(self.clipped) as u32 as usize;
         n.bad |= self.bad != 0;
     }
@@ -148,12 +148,10 @@ pub(super) unsafe fn row_blocks<F: Elem>(
     dst: *mut f32,
     blocks: usize,
     rbits: Option<*const u8>,
-    n: &mut Counts,
+    counts: &mut Counts,
 ) -> f32 {
     let g = Grid::<F>::new();
-    let mut lane_counts = LaneCounts::new();
-    let n_out = n;
-    let n = &mut lane_counts;
+    let n = &mut LaneCounts::new();
     let mut amax = 0.0f32;
     // 16 blocks at a time: their amaxes by one tree of maxima and their scales, then the
     // elements (the blocks are read again, from L1)
@@ -191,7 +189,7 @@ pub(super) unsafe fn row_blocks<F: Elem>(
             _mm512_storeu_ps(dst.add(b * BLOCK + LANES), y1);
         }
     }
-    lane_counts.add_to(n_out);
+    n.add_to(counts);
     amax
 }
 
@@ -211,12 +209,10 @@ pub(super) unsafe fn vertical_tile<F: Elem>(
     dst: *mut f32,
     ld: usize,
     rand: Option<(RngKey, u64, u64)>,
-    n: &mut Counts,
+    counts: &mut Counts,
 ) -> f32 {
     let g = Grid::<F>::new();
-    let mut lane_counts = LaneCounts::new();
-    let n_out = n;
-    let n = &mut lane_counts;
+    let n = &mut LaneCounts::new();
     let mut amax = _mm512_setzero_ps();
     for i in 0..BLOCK {
         amax = _mm512_max_ps(amax, _mm512_abs_ps(_mm512_loadu_ps(src.add(i * ld))));
@@ -250,6 +246,6 @@ pub(super) unsafe fn vertical_tile<F: Elem>(
             }
         }
     }
-    lane_counts.add_to(n_out);
+    n.add_to(counts);
     am.iter().fold(0.0f32, |m, &a| max(m, a))
 }

@@ -16,12 +16,12 @@
 //!   RHT, each 16x16 stretch transformed and quantized in registers with no staged copy
 //!   (tested below against the two kernels one after the other).
 //!
-//! `row_group` and `rht_strip` are covered by the whole-tensor tests in `nvfp4.rs`, which compare the
-//! dispatched path with the reference on every configuration. The portable code keeps a
-//! 16x16 stretch in a stack array, which the AVX2 build cannot hold in its sixteen `ymm`
-//! registers (two per row): it spills, and its per-element work ran at about 4.5 cycles on
-//! the Zen 4 host, where these kernels took the quantizers from 20-21% to 14-15% of a
-//! one-thread NVFP4 or MXFP8 training step.
+//! `row_group` and `rht_strip` are covered by the whole-tensor tests in `nvfp4.rs`, which
+//! compare the dispatched path with the reference on every configuration. The portable code
+//! keeps a 16x16 stretch in a stack array, which the AVX2 build cannot hold in its sixteen
+//! `ymm` registers (two per row): it spills, and its per-element work ran at about 4.5
+//! cycles on the Zen 4 host, where these kernels took the quantizers from 20-21% to 14-15%
+//! of a one-thread NVFP4 or MXFP8 training step.
 
 use std::arch::x86_64::*;
 
@@ -332,9 +332,8 @@ pub(super) fn rht_strip_amax(x: &[f32], ld: usize, r0: usize, n: usize, mask: u1
     assert!(available());
     // SAFETY: AVX-512F is present (asserted) and the bounds were checked just above.
     let (largest, nan) = unsafe { rht_strip_amax_impl(x.as_ptr(), ld, r0, n, mask) };
-    // the reference's BF16 rounding (nearest even) of the scaled largest magnitude
-    let b = (largest * 0.25).to_bits();
-    let amax = f32::from_bits(b.wrapping_add(0x7FFF + ((b >> 16) & 1)) & 0xFFFF_0000);
+    // the reference's BF16 rounding of the scaled largest magnitude
+    let amax = fp_formats::round_to_bf16(largest * 0.25);
     (amax, nan || amax > f32::MAX)
 }
 
@@ -356,13 +355,8 @@ unsafe fn rht_strip_amax_impl(
     let mut largest = _mm512_setzero_ps();
     let mut nan: __mmask16 = 0;
     for c in (0..n).step_by(BLOCK) {
-        let mut v: [__m512; BLOCK] = core::array::from_fn(|i| {
-            // SAFETY: (r0 + i) * ld + c + 16 <= (r0 + 15) * ld + n.
-            let e = unsafe { _mm512_loadu_si512(x.add((r0 + i) * ld + c).cast()) };
-            _mm512_castsi512_ps(_mm512_xor_si512(e, flips[i]))
-        });
-        hadamard16_butterflies!(v, _mm512_add_ps, _mm512_sub_ps);
-        for y in v {
+        // SAFETY: (r0 + i) * ld + c + 16 <= (r0 + 15) * ld + n.
+        for y in rht_sums(x.add(r0 * ld + c), ld, &flips) {
             nan |= _mm512_cmp_ps_mask::<_CMP_UNORD_Q>(y, y);
             // MAXPS keeps its second operand when the first is a NaN (flagged above)
             largest = _mm512_max_ps(_mm512_abs_ps(y), largest);
@@ -378,21 +372,33 @@ fn sign_flips(mask: u16) -> [__m512i; BLOCK] {
     core::array::from_fn(|i| _mm512_set1_epi32(if (mask >> i) & 1 == 1 { i32::MIN } else { 0 }))
 }
 
-/// One 16x16 block of the Hadamard staging before its BF16 rounding: the 16 rows at `x + i ·
-/// ld` (16 lanes each), sign-flipped, transformed down the rows, `+ 0` (a -0 sum becomes +0,
-/// `crate::hadamard`, "Sign of zero"), times 0.25.
+/// The butterfly sums of one 16x16 block of the Hadamard staging: the 16 rows at `x + i ·
+/// ld` (16 lanes each), sign-flipped and transformed down the rows, before the `+ 0`, the
+/// factor 0.25 and the BF16 rounding.
 ///
 /// # Safety
 /// `x` must be valid for reads of 16 rows of 16 `f32` at row stride `ld`.
 #[inline]
 #[target_feature(enable = "avx512f")]
-unsafe fn rht_block(x: *const f32, ld: usize, flips: &[__m512i; BLOCK]) -> [__m512; BLOCK] {
+unsafe fn rht_sums(x: *const f32, ld: usize, flips: &[__m512i; BLOCK]) -> [__m512; BLOCK] {
     let mut v: [__m512; BLOCK] = core::array::from_fn(|i| {
         // SAFETY: row i lies inside the 16 rows the caller vouches for.
         let e = unsafe { _mm512_loadu_si512(x.add(i * ld).cast()) };
         _mm512_castsi512_ps(_mm512_xor_si512(e, flips[i]))
     });
     hadamard16_butterflies!(v, _mm512_add_ps, _mm512_sub_ps);
+    v
+}
+
+/// One 16x16 block of the Hadamard staging before its BF16 rounding: [`rht_sums`], `+ 0` (a
+/// -0 sum becomes +0, `crate::hadamard`, "Sign of zero"), times 0.25.
+///
+/// # Safety
+/// `x` must be valid for reads of 16 rows of 16 `f32` at row stride `ld`.
+#[inline]
+#[target_feature(enable = "avx512f")]
+unsafe fn rht_block(x: *const f32, ld: usize, flips: &[__m512i; BLOCK]) -> [__m512; BLOCK] {
+    let mut v = rht_sums(x, ld, flips);
     let (zero, quarter) = (_mm512_setzero_ps(), _mm512_set1_ps(0.25));
     for e in v.iter_mut() {
         *e = _mm512_mul_ps(_mm512_add_ps(*e, zero), quarter);
