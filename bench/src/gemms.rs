@@ -1,29 +1,29 @@
-//! GEMMs against the peaks of their instructions (`peak`): the f32 GEMM (matrixmultiply's
-//! kernel on bands of the output, FP32 FMA), the GEMM of two BF16 operands as training runs it
-//! (`quant::gemm::bf16::quantized_gemm_tn`: the AMX-BF16 tile unit or AVX512-BF16
-//! `vdpbf16ps` where present, the f32 GEMM elsewhere, not the portable models of their
-//! arithmetics that serve the tests) and
-//! the block-scaled NVFP4 and MXFP8 GEMMs from f32 tensors (`quant::qgemm`, the operands'
-//! quantization included, as in training) on the training shapes of the `small` and `base`
-//! presets, and each over the f32 GEMM on the same shapes. Beside the peak, each GEMM is
-//! timed against the least memory traffic of any GEMM of its f32 tensors (one pass reading
-//! both operands and writing the output, `of_traffic`): at the shapes of training, whose K is
-//! small, that traffic rather than the arithmetic bounds the BF16 units, and `of_roofline`
-//! takes the larger of the two fractions. Where the CPU has both BF16 units, the `vdpbf16ps`
-//! kernel that training leaves to the tiles is timed too (`bf16_pairs`, against its own
-//! peak): it is the kernel CPUs without AMX train on. Wherever a BF16 kernel runs, it is also
-//! timed alone on the same operands packed once (`bf16_prepacked`, `PackedPair`): the
-//! product without rounding and packing its f32 operands, its f32 output still written, to
-//! tell the kernel's share of the gap to the peak from the operands'; its `of_traffic` is
-//! against one pass over its own least traffic (the packed tiles read, the output written). Where the E2M1 block GEMM runs
-//! (`quant::gemm::e2m1`, AVX2 CPUs without BF16 units), the NVFP4 GEMM is measured against
-//! the byte dot product's peak (`vpmaddubsw`) and the kernel alone on NVFP4 values (`e2m1`,
-//! operand packing included) too. One process per thread count; every figure here is
-//! reported, not gated.
+//! GEMMs against the peaks of their instructions (`peak`): the f32 GEMM (matrixmultiply's kernel on
+//! bands of the output, FP32 FMA), the GEMM of two BF16 operands as training runs it
+//! (`quant::gemm::bf16::quantized_gemm_tn`: the AMX-BF16 tile unit or AVX512-BF16 `vdpbf16ps` where
+//! present, the f32 GEMM elsewhere, not the portable models of their arithmetics that serve the
+//! tests) and the block-scaled NVFP4 and MXFP8 GEMMs from f32 tensors (`quant::qgemm`, the
+//! operands' quantization included, as in training) on the training shapes of the `small` and
+//! `base` presets, and each over the f32 GEMM on the same shapes. Beside the peak, each GEMM is
+//! timed against the least memory traffic of any GEMM of its f32 tensors (one pass reading both
+//! operands and writing the output, `of_traffic`): at the shapes of training, whose K is small,
+//! that traffic rather than the arithmetic bounds the BF16 units, and `of_roofline` takes the
+//! larger of the two fractions. Where the CPU has both BF16 units, the `vdpbf16ps` kernel that
+//! training leaves to the tiles is timed too (`bf16_pairs`, against its own peak): it is the kernel
+//! CPUs without AMX train on; the block-scaled GEMMs are timed on it too, in a child process that
+//! leaves the tile unit unused ([`pairs_suite`]). Wherever a BF16 kernel runs, it is also timed
+//! alone on the same operands packed once (`bf16_prepacked`, `PackedPair`): the product without
+//! rounding and packing its f32 operands, its f32 output still written, to tell the kernel's share
+//! of the gap to the peak from the operands'; its `of_traffic` is against one pass over its own
+//! least traffic (the packed tiles read, the output written). Where the E2M1 block GEMM runs
+//! (`quant::gemm::e2m1`, AVX2 CPUs without BF16 units), the NVFP4 GEMM is measured against the byte
+//! dot product's peak (`vpmaddubsw`) and the kernel alone on NVFP4 values (`e2m1`, operand packing
+//! included) too. One process per thread count (with its child without AMX); every figure here
+//! is reported, not gated.
 
 use std::hint::black_box;
 
-use anyhow::Result;
+use anyhow::{bail, Context, Result};
 use quant::gemm::bf16::{
     bf16_gemm_tn, quantized_gemm_tn, Bf16Arithmetic, Bf16Workspace, PackedPair,
 };
@@ -33,7 +33,7 @@ use quant::{GemmPolicy, OperandQuant, Quantizer, RngKey, Usage};
 
 use crate::harness::{pool, run_rounds, Case, Clock};
 use crate::kernels::data;
-use crate::metric::{Better, Metric};
+use crate::metric::{Better, Metric, SuiteReport};
 use crate::peak::{peak_gflops, Unit};
 
 /// `(name, M, N, K)`: the linear layers' GEMMs of a training step (2,048 tokens): Fprop of
@@ -48,6 +48,48 @@ pub const SHAPES: &[(&str, usize, usize, usize)] = &[
     ("base_fprop_down", 2048, 256, 688),
     ("base_wgrad_up", 688, 256, 2048),
 ];
+
+/// The block-scaled GEMMs (NVFP4, MXFP8) timed where training runs them on `vdpbf16ps`,
+/// on a CPU that has the AMX tile unit too (which training prefers): the suite of a child
+/// process that leaves the tile unit unused (`NIBBLE_NO_AMX`), its `nvfp4` and `mxfp8`
+/// figures renamed `nvfp4_pairs` and `mxfp8_pairs`, beside the in-process `bf16_pairs`.
+/// Empty on CPUs without both units. What a CPU without AMX (a Zen 4) trains on, measured
+/// against the `vdpbf16ps` peak of this one.
+pub fn pairs_suite(threads: usize, rounds: usize) -> Result<Vec<Metric>> {
+    if !(fp_formats::cpu::has_amx_bf16() && Bf16Arithmetic::Pairs.native()) {
+        return Ok(Vec::new());
+    }
+    let exe = std::env::current_exe().context("locating the bench binary")?;
+    let out = std::process::Command::new(exe)
+        .args(["gemms", "--threads", &threads.to_string()])
+        .args(["--rounds", &rounds.to_string()])
+        .env(fp_formats::cpu::NO_AMX_ENV, "1")
+        .output()
+        .context("starting the gemms child without AMX")?;
+    if !out.status.success() {
+        bail!(
+            "the gemms child without AMX failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    let report: SuiteReport =
+        serde_json::from_slice(&out.stdout).context("parsing the gemms child's report")?;
+    Ok(report
+        .metrics
+        .into_iter()
+        .filter_map(|mut m| {
+            for case in ["nvfp4", "mxfp8"] {
+                let prefix = format!("quant/gemm_{case}_");
+                if let Some(rest) = m.name.strip_prefix(&prefix) {
+                    m.name = format!("quant/gemm_{case}_pairs_{rest}");
+                    m.note = format!("{} (on `vdpbf16ps`, the tile unit left unused)", m.note);
+                    return Some(m);
+                }
+            }
+            None
+        })
+        .collect())
+}
 
 /// The suite on a pool of `threads` threads.
 pub fn suite(threads: usize, rounds: usize) -> Result<Vec<Metric>> {

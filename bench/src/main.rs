@@ -302,7 +302,8 @@ fn main() -> Result<()> {
             rounds,
             json,
         } => {
-            let metrics = gemms::suite(threads, rounds)?;
+            let mut metrics = gemms::suite(threads, rounds)?;
+            metrics.extend(gemms::pairs_suite(threads, rounds)?);
             write(
                 &SuiteReport {
                     suite: format!("gemms-{threads}t"),

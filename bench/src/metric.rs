@@ -7,10 +7,10 @@
 //! `cargo xtask bench` reads these records from the JSON this binary writes, merges them
 //! into `target/bench/report.json` and compares the gated ones with `bench/baseline.json`.
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 /// Which way is an improvement.
-#[derive(Clone, Copy, Debug, Serialize)]
+#[derive(Clone, Copy, Debug, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Better {
     /// Larger values are better (speed ratios, throughput).
@@ -20,7 +20,7 @@ pub enum Better {
 }
 
 /// What a metric is, which decides whether and how tightly it gates.
-#[derive(Clone, Copy, Debug, Serialize)]
+#[derive(Clone, Copy, Debug, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Kind {
     /// A ratio of two timings taken in the same rounds whose two sides are bound by the same
@@ -36,7 +36,7 @@ pub enum Kind {
 /// The resource both sides of a gated ratio are bound by. A machine that is faster in that
 /// resource speeds both sides up alike, so the ratio carries over; `cargo xtask bench` uses
 /// the basis to decide whether a baseline recorded on another machine still applies.
-#[derive(Clone, Copy, Debug, Serialize)]
+#[derive(Clone, Copy, Debug, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Basis {
     /// Both sides are bound by the core (in-cache data, GEMMs, training steps).
@@ -51,7 +51,7 @@ pub enum Basis {
 }
 
 /// One measured figure.
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct Metric {
     /// `group/case/what`, e.g. `quant/nvfp4_row_1x16/vs_memcpy`.
     pub name: String,
@@ -64,10 +64,10 @@ pub struct Metric {
     /// Gate or report.
     pub kind: Kind,
     /// For gated ratios: the resource both sides are bound by.
-    #[serde(skip_serializing_if = "Option::is_none")]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub basis: Option<Basis>,
     /// Relative spread across rounds (interquartile range over median), when measured in rounds.
-    #[serde(skip_serializing_if = "Option::is_none")]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub spread: Option<f64>,
     /// What exactly was measured.
     pub note: String,
@@ -124,7 +124,7 @@ impl Metric {
 }
 
 /// The JSON document a suite writes: its name and its metrics.
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, Deserialize)]
 pub struct SuiteReport {
     /// Suite name (`kernels`, `steps`).
     pub suite: String,

@@ -14,6 +14,11 @@
 //! once per process here (`arch_prctl(ARCH_REQ_XCOMP_PERM)` on Linux); without it the answer
 //! is `false`. Each BF16 GEMM unit computes the same bits as its portable model too.
 //!
+//! Setting `NIBBLE_NO_AMX` ([`NO_AMX_ENV`]) to any value leaves the tile unit alone (and only
+//! it): the BF16 GEMMs then run the pair arithmetic of `vdpbf16ps`, so an AMX machine
+//! computes a quantized recipe's bits as a CPU with AVX512_BF16 and no AMX (a Zen 4) does, and
+//! its `vdpbf16ps` GEMMs can be measured.
+//!
 //! ```
 //! // Whatever the machine, the answer is stable within a process.
 //! assert_eq!(fp_formats::cpu::has_avx2(), fp_formats::cpu::has_avx2());
@@ -26,6 +31,9 @@ use std::sync::OnceLock;
 
 /// Environment variables that select the portable code.
 pub const FORCE_PORTABLE_ENV: [&str; 2] = ["NIBBLE_FORCE_PORTABLE", "FP_FORMATS_FORCE_PORTABLE"];
+
+/// The environment variable that keeps the AMX tile unit unused (see the module docs).
+pub const NO_AMX_ENV: &str = "NIBBLE_NO_AMX";
 
 /// What this process may use.
 #[derive(Clone, Copy, Debug)]
@@ -64,7 +72,7 @@ fn features() -> Features {
             fma: fma && !forced,
             avx512f: avx512f && !forced,
             avx512_bf16: avx512_bf16 && !forced,
-            amx_bf16: !forced && amx_bf16_usable(),
+            amx_bf16: !forced && std::env::var_os(NO_AMX_ENV).is_none() && amx_bf16_usable(),
         }
     })
 }
@@ -102,8 +110,8 @@ pub fn has_avx512_bf16() -> bool {
 }
 
 /// Whether AMX-BF16 tile code (`tdpbf16ps`) may run: the CPU has AMX-TILE and AMX-BF16, the
-/// operating system granted this process the tile state, and the portable code is not
-/// forced.
+/// operating system granted this process the tile state, and neither the portable code nor
+/// [`NO_AMX_ENV`] is set.
 ///
 /// ```
 /// if fp_formats::cpu::has_amx_bf16() {

@@ -216,8 +216,8 @@ fn cpu_model() -> String {
 }
 
 /// This host's instruction-set class ([`Fingerprint::isa`]), from the CPU flags in
-/// `/proc/cpuinfo`, or `portable` when a variable of `fp_formats::cpu` forces the portable
-/// code.
+/// `/proc/cpuinfo` (less AMX's under `NIBBLE_NO_AMX`, which leaves the tile unit unused), or
+/// `portable` when a variable of `fp_formats::cpu` forces the portable code.
 fn isa_class() -> String {
     if fp_formats::cpu::FORCE_PORTABLE_ENV
         .iter()
@@ -238,6 +238,11 @@ fn isa_class() -> String {
             })
         })
         .unwrap_or_default();
+    let no_amx = std::env::var_os(fp_formats::cpu::NO_AMX_ENV).is_some();
+    let flags: Vec<String> = flags
+        .into_iter()
+        .filter(|f| !(no_amx && f.starts_with("amx_")))
+        .collect();
     isa_from_flags(&flags, std::env::consts::ARCH)
 }
 

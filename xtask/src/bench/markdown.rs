@@ -315,14 +315,9 @@ fn gemms(s: &mut String, metrics: &[Metric]) {
     let (pairs, alone) = (has("bf16_pairs"), has("bf16_prepacked"));
     let _ = writeln!(
         s,
-        "\nGEMMs on the training shapes (reported), GFLOP/s (fraction of the instruction's measured peak; fraction of the roofline, the longer of that peak's arithmetic and one pass reading both f32 operands and writing the output), 1 / 2 threads. Peaks: f32 on FP32 FMA; the others on the BF16 unit their GEMM runs on, AMX-BF16 or else `vdpbf16ps` where present, else FP32 FMA. The NVFP4 and MXFP8 GEMMs include quantizing their f32 operands.{}{} Peaks here: FP32 FMA {} / {}, `vdpbf16ps` {} / {}, AMX-BF16 {} / {} GFLOP/s.\n\n| shape (M x N x K) | f32 | bf16 | nvfp4 | mxfp8 | bf16 over f32 |{}{}\n|---|---:|---:|---:|---:|---:|{}{}",
+        "\nGEMMs on the training shapes (reported), GFLOP/s (fraction of the instruction's measured peak; fraction of the roofline, the longer of that peak's arithmetic and one pass reading both f32 operands and writing the output), 1 / 2 threads. Peaks: f32 on FP32 FMA; the others on the BF16 unit their GEMM runs on, AMX-BF16 or else `vdpbf16ps` where present, else FP32 FMA. The NVFP4 and MXFP8 GEMMs include quantizing their f32 operands.{} Peaks here: FP32 FMA {} / {}, `vdpbf16ps` {} / {}, AMX-BF16 {} / {} GFLOP/s.\n\n| shape (M x N x K) | f32 | bf16 | nvfp4 | mxfp8 | bf16 over f32 |{}\n|---|---:|---:|---:|---:|---:|{}",
         if alone {
             " `bf16 kernel alone` times the BF16 GEMM's kernel on the same operands packed once (no f32 operand read, rounded or packed; the f32 output still written), its roofline from one pass reading the packed tiles and writing the output."
-        } else {
-            ""
-        },
-        if pairs {
-            " Where the CPU has both units, the last column times the `vdpbf16ps` kernel (the one CPUs without AMX train on) on the same BF16 operands, against its own peak."
         } else {
             ""
         },
@@ -333,49 +328,60 @@ fn gemms(s: &mut String, metrics: &[Metric]) {
         dash0(peak("amx_bf16", 1)),
         dash0(peak("amx_bf16", 2)),
         if alone { " bf16 kernel alone |" } else { "" },
-        if pairs { " bf16 on `vdpbf16ps` |" } else { "" },
         if alone { "---:|" } else { "" },
-        if pairs { "---:|" } else { "" },
     );
-    for shape in shapes {
-        let cell = |case: &str| {
-            let t = |t: u32| {
-                let g = find(metrics, &format!("quant/gemm_{case}_{shape}/gflops_{t}t"));
-                let f = find(metrics, &format!("quant/gemm_{case}_{shape}/of_peak_{t}t"));
-                let r = find(
-                    metrics,
-                    &format!("quant/gemm_{case}_{shape}/of_roofline_{t}t"),
-                );
-                match (g, f, r) {
-                    (Some(g), Some(f), Some(r)) => format!("{g:.0} ({f:.2}; {r:.2})"),
-                    (Some(g), Some(f), None) => format!("{g:.0} ({f:.2})"),
-                    (Some(g), ..) => format!("{g:.0}"),
-                    _ => "-".into(),
-                }
-            };
-            format!("{} / {}", t(1), t(2))
+    let cell = |case: &str, shape: &str| {
+        let t = |t: u32| {
+            let g = find(metrics, &format!("quant/gemm_{case}_{shape}/gflops_{t}t"));
+            let f = find(metrics, &format!("quant/gemm_{case}_{shape}/of_peak_{t}t"));
+            let r = find(
+                metrics,
+                &format!("quant/gemm_{case}_{shape}/of_roofline_{t}t"),
+            );
+            match (g, f, r) {
+                (Some(g), Some(f), Some(r)) => format!("{g:.0} ({f:.2}; {r:.2})"),
+                (Some(g), Some(f), None) => format!("{g:.0} ({f:.2})"),
+                (Some(g), ..) => format!("{g:.0}"),
+                _ => "-".into(),
+            }
         };
+        format!("{} / {}", t(1), t(2))
+    };
+    for shape in &shapes {
         let x = |t: u32| {
             find(metrics, &format!("quant/gemm_bf16_{shape}/vs_f32_{t}t"))
                 .map_or("-".into(), |x| format!("{x:.2}x"))
         };
-        let extra = |on: bool, case: &str| {
-            if on {
-                format!(" {} |", cell(case))
-            } else {
-                String::new()
-            }
+        let alone_cell = if alone {
+            format!(" {} |", cell("bf16_prepacked", shape))
+        } else {
+            String::new()
         };
-        let (alone_cell, pairs_cell) = (extra(alone, "bf16_prepacked"), extra(pairs, "bf16_pairs"));
         let _ = writeln!(
             s,
-            "| `{shape}` | {} | {} | {} | {} | {} / {} |{alone_cell}{pairs_cell}",
-            cell("f32"),
-            cell("bf16"),
-            cell("nvfp4"),
-            cell("mxfp8"),
+            "| `{shape}` | {} | {} | {} | {} | {} / {} |{alone_cell}",
+            cell("f32", shape),
+            cell("bf16", shape),
+            cell("nvfp4", shape),
+            cell("mxfp8", shape),
             x(1),
             x(2)
+        );
+    }
+    if !pairs {
+        return;
+    }
+    let _ = writeln!(
+        s,
+        "\nThe same GEMMs on `vdpbf16ps`, the BF16 unit that CPUs without AMX (a Zen 4) train on, against its peak (same format; the NVFP4 and MXFP8 GEMMs from a child process with `NIBBLE_NO_AMX=1`, which leaves the tile unit unused):\n\n| shape (M x N x K) | bf16 | nvfp4 | mxfp8 |\n|---|---:|---:|---:|"
+    );
+    for shape in &shapes {
+        let _ = writeln!(
+            s,
+            "| `{shape}` | {} | {} | {} |",
+            cell("bf16_pairs", shape),
+            cell("nvfp4_pairs", shape),
+            cell("mxfp8_pairs", shape),
         );
     }
 }
@@ -449,44 +455,40 @@ mod tests {
             ),
             "{s}"
         );
-        assert!(!s.contains("vdpbf16ps` kernel"), "{s}");
-        // with the pairs kernel timed beside the tiles: one more column
-        let mut with_pairs = metrics.to_vec();
-        with_pairs.push(reported(
-            "quant/gemm_bf16_pairs_small_fprop_up/gflops_1t",
-            101.0,
-        ));
-        with_pairs.push(reported(
-            "quant/gemm_bf16_pairs_small_fprop_up/of_peak_1t",
-            0.83,
-        ));
-        let mut s = String::new();
-        gemms(&mut s, &with_pairs);
-        assert!(
-            s.contains(
-                "| bf16 over f32 | bf16 on `vdpbf16ps` |\n|---|---:|---:|---:|---:|---:|---:|"
-            ),
-            "{s}"
-        );
-        assert!(s.contains("| 2.50x / - | 101 (0.83) / - |"), "{s}");
-        assert!(!s.contains("kernel alone"), "{s}");
-        // with the kernel alone timed too: its column before the pairs'
-        with_pairs.push(reported(
+        assert!(!s.contains("vdpbf16ps`, the BF16 unit"), "{s}");
+        // with the kernel alone timed: one more column
+        let mut with_alone = metrics.to_vec();
+        with_alone.push(reported(
             "quant/gemm_bf16_prepacked_small_fprop_up/gflops_1t",
             450.0,
         ));
-        with_pairs.push(reported(
+        with_alone.push(reported(
             "quant/gemm_bf16_prepacked_small_fprop_up/of_peak_1t",
             0.14,
         ));
         let mut s = String::new();
-        gemms(&mut s, &with_pairs);
+        gemms(&mut s, &with_alone);
         assert!(
-            s.contains("| bf16 over f32 | bf16 kernel alone | bf16 on `vdpbf16ps` |\n|---|---:|---:|---:|---:|---:|---:|---:|"),
+            s.contains(
+                "| bf16 over f32 | bf16 kernel alone |\n|---|---:|---:|---:|---:|---:|---:|"
+            ),
             "{s}"
         );
+        assert!(s.contains("| 2.50x / - | 450 (0.14) / - |"), "{s}");
+        // with the `vdpbf16ps` GEMMs timed beside the tiles: a second table
+        for (name, v) in [
+            ("quant/gemm_bf16_pairs_small_fprop_up/gflops_1t", 101.0),
+            ("quant/gemm_bf16_pairs_small_fprop_up/of_peak_1t", 0.83),
+            ("quant/gemm_nvfp4_pairs_small_fprop_up/gflops_2t", 150.0),
+            ("quant/gemm_mxfp8_pairs_small_fprop_up/gflops_1t", 80.0),
+            ("quant/gemm_mxfp8_pairs_small_fprop_up/of_peak_1t", 0.79),
+        ] {
+            with_alone.push(reported(name, v));
+        }
+        let mut s = String::new();
+        gemms(&mut s, &with_alone);
         assert!(
-            s.contains("| 2.50x / - | 450 (0.14) / - | 101 (0.83) / - |"),
+            s.contains("| shape (M x N x K) | bf16 | nvfp4 | mxfp8 |\n|---|---:|---:|---:|\n| `small_fprop_up` | 101 (0.83) / - | - / 150 | 80 (0.79) / - |"),
             "{s}"
         );
         // a quick run has neither: nothing is written
