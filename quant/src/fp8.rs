@@ -126,6 +126,10 @@ pub struct QuantState {
     scale_inv: f32,
     last_amax: f32,
     last_scale: f32,
+    /// The tensor amax the next current-scaling cast takes instead of measuring it, set by
+    /// [`crate::qgemm`] from [`crate::qgemm::Operand::with_tensor_amax`] for one quantization
+    /// and cleared after it (so always `None` between calls, in equality and checkpoints).
+    pub(crate) given_amax: Option<f32>,
 }
 
 impl Default for QuantState {
@@ -144,6 +148,7 @@ impl QuantState {
             scale_inv: 1.0,
             last_amax: 0.0,
             last_scale: 1.0,
+            given_amax: None,
         }
     }
 
@@ -200,6 +205,7 @@ impl QuantState {
             scale_inv: 1.0 / scale,
             last_amax,
             last_scale,
+            given_amax: None,
         }
     }
 
@@ -429,7 +435,14 @@ fn cast(
     let sr = (q.rounding == RoundingMode::Stochastic).then_some(key);
     let o = match scaling {
         Fp8Scaling::Current { power_of_two } => {
-            let amax = tensor_amax(x.data);
+            let amax = match state.given_amax.take() {
+                Some(given) => {
+                    // (the caller's promise, checked where tests run)
+                    debug_assert_eq!(given.to_bits(), tensor_amax(x.data).to_bits());
+                    given
+                }
+                None => tensor_amax(x.data),
+            };
             let scale = compute_scale_from_amax(amax, fp8_max(element), power_of_two);
             let c = Cast { element, scale, sr };
             let st = cast_tensor(x, usage, &c, out, false, portable);

@@ -8,8 +8,9 @@
 //! | Wgrad | `dW = dYᵀ X`    | dY columnwise = dYᵀ `[out, T]` (`wgrad.a`) | X columnwise = Xᵀ `[in, T]` (`wgrad.b`) |
 //!
 //! Every GEMM is one call of [`quant::qgemm::quantized_matmul_tn`], each operand quantized
-//! from the high-precision tensor (rowwise and columnwise copies independently), and the
-//! gradients pass straight through the quantizers. When both operands of a GEMM are
+//! from the high-precision tensor (rowwise and columnwise copies independently; under FP8
+//! current scaling the second cast of X, W and dY takes the amax the first one measured, the
+//! same bits), and the gradients pass straight through the quantizers. When both operands of a GEMM are
 //! quantized (BF16, FP8, MX, NVFP4) it runs on `quant::gemm::bf16::quantized_gemm_tn`
 //! (the BF16 GEMM on AMX-BF16 tiles where the CPU has them, FP32 accumulation in a fixed
 //! order; the f32 GEMM elsewhere), two NVFP4/MXFP4 operands on a CPU with AVX2 but no BF16
@@ -23,7 +24,9 @@ use quant::qgemm::{
     e2m1_values, fake_operand, quantized_matmul_tn, quantized_matmul_tn_prequantized,
     transpose_exact, FakeOperand, Operand,
 };
-use quant::{GemmPolicy, OperandQuant, QuantState, Quantizer, RngKey, Usage};
+use quant::{
+    Fp8Scaling, GemmPolicy, OperandQuant, QuantFormat, QuantState, Quantizer, RngKey, Usage,
+};
 
 use crate::cpu::{for_rows, sum_rows};
 use crate::error::shape_err;
@@ -150,6 +153,9 @@ impl Graph<'_> {
             }
             None => quantized_matmul_tn(xa, wb, y.as_mut_slice())?,
         }
+        // X's and W's amaxes, when both of a tensor's casts measure one (see `known_amax`)
+        let x_amax = known_amax(state, (OperandRole::FpropX, policy.fprop.a), policy.wgrad.b);
+        let w_amax = known_amax(state, (OperandRole::FpropW, policy.fprop.b), policy.dgrad.b);
         if let Some(b) = bias {
             let bv = vals.get(b);
             for_rows(
@@ -174,7 +180,8 @@ impl Graph<'_> {
                     None => &mut local,
                 };
                 let (seed, step) = (ctx.seed, ctx.step);
-                let dgrad = |state: &mut LinearQuantState, out: &mut [f32]| -> Result<()> {
+                // returns dY's amax where Wgrad's cast of dY can take it (see `known_amax`)
+                let dgrad = |state: &mut LinearQuantState, out: &mut [f32]| -> Result<KnownAmax> {
                     let (sa, sb) = st2(state, OperandRole::DgradDy, OperandRole::DgradW);
                     let dya = operand(
                         dy,
@@ -198,50 +205,70 @@ impl Graph<'_> {
                         }
                         _ => quantized_matmul_tn(
                             dya,
-                            operand(
-                                vals.get(w),
-                                (n_out, n_in),
-                                Usage::Columnwise,
-                                policy.dgrad.b,
-                                key(seed, stream, OperandRole::DgradW, step)?,
-                                sb,
-                            )?,
+                            with_amax(
+                                operand(
+                                    vals.get(w),
+                                    (n_out, n_in),
+                                    Usage::Columnwise,
+                                    policy.dgrad.b,
+                                    key(seed, stream, OperandRole::DgradW, step)?,
+                                    sb,
+                                )?,
+                                w_amax,
+                            ),
                             out,
                         )?,
                     }
-                    Ok(())
+                    Ok(known_amax(
+                        state,
+                        (OperandRole::DgradDy, policy.dgrad.a),
+                        policy.wgrad.a,
+                    ))
                 };
-                let wgrad = |state: &mut LinearQuantState, out: &mut [f32]| -> Result<()> {
+                let wgrad = |state: &mut LinearQuantState,
+                             out: &mut [f32],
+                             dy_amax: KnownAmax|
+                 -> Result<()> {
                     let (sa, sb) = st2(state, OperandRole::WgradDy, OperandRole::WgradX);
                     quantized_matmul_tn(
-                        operand(
-                            dy,
-                            (m, n_out),
-                            Usage::Columnwise,
-                            policy.wgrad.a,
-                            key(seed, stream, OperandRole::WgradDy, step)?,
-                            sa,
-                        )?,
-                        operand(
-                            vals.get(x),
-                            (m, n_in),
-                            Usage::Columnwise,
-                            policy.wgrad.b,
-                            key(seed, stream, OperandRole::WgradX, step)?,
-                            sb,
-                        )?,
+                        with_amax(
+                            operand(
+                                dy,
+                                (m, n_out),
+                                Usage::Columnwise,
+                                policy.wgrad.a,
+                                key(seed, stream, OperandRole::WgradDy, step)?,
+                                sa,
+                            )?,
+                            dy_amax,
+                        ),
+                        with_amax(
+                            operand(
+                                vals.get(x),
+                                (m, n_in),
+                                Usage::Columnwise,
+                                policy.wgrad.b,
+                                key(seed, stream, OperandRole::WgradX, step)?,
+                                sb,
+                            )?,
+                            x_amax,
+                        ),
                         out,
                     )?;
                     Ok(())
                 };
                 // straight into a fresh gradient buffer, through scratch otherwise
                 let mut gx = gx;
+                let mut dy_amax = None;
                 if let Some(g) = gx.as_mut() {
-                    g.write_with(ctx.pool, |o| dgrad(state, o))?;
+                    g.write_with(ctx.pool, |o| {
+                        dy_amax = dgrad(state, o)?;
+                        Ok(())
+                    })?;
                 }
                 let mut gw = gw;
                 if let Some(g) = gw.as_mut() {
-                    g.write_with(ctx.pool, |o| wgrad(state, o))?;
+                    g.write_with(ctx.pool, |o| wgrad(state, o, dy_amax))?;
                 }
                 if let Some(buf) = wq {
                     ctx.pool.give(buf);
@@ -263,6 +290,40 @@ impl Graph<'_> {
             })
         });
         Ok(self.push("linear", y, out_shape, bw))
+    }
+}
+
+/// The amax that `role`'s cast just measured, when that cast and `next`, a later cast of the
+/// same tensor in the same step, both use FP8 current scaling: `next` may then take it
+/// ([`Operand::with_tensor_amax`]) instead of reading the tensor again. The amax of a tensor
+/// does not depend on the orientation or the FP8 element, and current scaling keeps no
+/// state between casts, so the result and the states are bit for bit those of measuring
+/// again. Read right after the cast, before another call of the layer reuses the state.
+fn known_amax(
+    state: &LinearQuantState,
+    (role, this): (OperandRole, OperandQuant),
+    next: OperandQuant,
+) -> KnownAmax {
+    let current = |q: OperandQuant| {
+        matches!(
+            q.format,
+            QuantFormat::Fp8 {
+                scaling: Fp8Scaling::Current { .. },
+                ..
+            }
+        )
+    };
+    (current(this) && current(next)).then(|| state.operands[role as usize].last_amax())
+}
+
+/// A tensor's amax, where a cast measured it for a later one to take ([`known_amax`]).
+type KnownAmax = Option<f32>;
+
+/// `op` with its tensor's amax when it is known.
+fn with_amax(op: Operand<'_>, amax: KnownAmax) -> Operand<'_> {
+    match amax {
+        Some(a) => op.with_tensor_amax(a),
+        None => op,
     }
 }
 
@@ -555,6 +616,86 @@ mod tests {
         assert_eq!(out[1], dx_ref, "{policy:?} dgrad");
         assert_eq!(out[2], dw_ref, "{policy:?} wgrad");
         out
+    }
+
+    /// Under FP8 current scaling the second cast of X, W and dY takes the amax the first one
+    /// measured: every role's state after a step is the one casting its tensor afresh leaves
+    /// (and debug builds check each given amax against the tensor).
+    #[test]
+    fn current_scaling_states_equal_fresh_casts() {
+        let (t, n_in, n_out) = (48, 40, 24);
+        let (xs, ws, r) = data(t, n_in, n_out);
+        let policy = GemmPolicy::fp8_current_hybrid();
+        let mut ps = ParamStore::new();
+        let w = ps.add("w", &[n_out, n_in], ws.clone()).unwrap();
+        let mut g = Graph::new(&mut ps);
+        let x = g.variable(&xs, &[t, n_in]).unwrap();
+        let wt = g.param(w).unwrap();
+        let y = g.linear(x, wt, None, &policy, 3).unwrap();
+        g.backward_with(y, &r).unwrap();
+        drop(g);
+        let st = ps.linear_state(w).unwrap().unwrap().clone();
+        let roles = [
+            (
+                OperandRole::FpropX,
+                &xs,
+                t,
+                n_in,
+                Usage::Rowwise,
+                policy.fprop.a,
+            ),
+            (
+                OperandRole::FpropW,
+                &ws,
+                n_out,
+                n_in,
+                Usage::Rowwise,
+                policy.fprop.b,
+            ),
+            (
+                OperandRole::DgradDy,
+                &r,
+                t,
+                n_out,
+                Usage::Rowwise,
+                policy.dgrad.a,
+            ),
+            (
+                OperandRole::DgradW,
+                &ws,
+                n_out,
+                n_in,
+                Usage::Columnwise,
+                policy.dgrad.b,
+            ),
+            (
+                OperandRole::WgradDy,
+                &r,
+                t,
+                n_out,
+                Usage::Columnwise,
+                policy.wgrad.a,
+            ),
+            (
+                OperandRole::WgradX,
+                &xs,
+                t,
+                n_in,
+                Usage::Columnwise,
+                policy.wgrad.b,
+            ),
+        ];
+        for (role, v, rows, cols, usage, q) in roles {
+            let mut fresh = QuantState::new();
+            let mut out = vec![0.0f32; rows * cols];
+            Quantizer::new(q, usage)
+                .unwrap()
+                .fake_quantize_into(MatRef::new(v, rows, cols).unwrap(), &mut fresh, &mut out)
+                .unwrap();
+            assert_eq!(st.operand(role), &fresh, "{role:?}");
+            let amax = v.iter().fold(0.0f32, |m, x| m.max(x.abs()));
+            assert_eq!(fresh.last_amax(), amax, "{role:?}");
+        }
     }
 
     #[test]
