@@ -23,7 +23,7 @@
 
 use std::hint::black_box;
 
-use anyhow::{bail, Context, Result};
+use anyhow::{Context, Result};
 use quant::gemm::bf16::{
     bf16_gemm_tn, quantized_gemm_tn, Bf16Arithmetic, Bf16Workspace, PackedPair,
 };
@@ -31,7 +31,7 @@ use quant::gemm::{sgemm, MatRef};
 use quant::qgemm::{quantized_matmul_tn, Operand};
 use quant::{GemmPolicy, OperandQuant, Quantizer, RngKey, Usage};
 
-use crate::harness::{pool, run_rounds, Case, Clock};
+use crate::harness::{child_output, pool, run_rounds, Case, Clock};
 use crate::kernels::data;
 use crate::metric::{Better, Metric, SuiteReport};
 use crate::peak::{peak_gflops, Unit};
@@ -59,21 +59,18 @@ pub fn pairs_suite(threads: usize, rounds: usize) -> Result<Vec<Metric>> {
     if !(fp_formats::cpu::has_amx_bf16() && Bf16Arithmetic::Pairs.native()) {
         return Ok(Vec::new());
     }
-    let exe = std::env::current_exe().context("locating the bench binary")?;
-    let out = std::process::Command::new(exe)
-        .args(["gemms", "--threads", &threads.to_string()])
-        .args(["--rounds", &rounds.to_string()])
-        .env(fp_formats::cpu::NO_AMX_ENV, "1")
-        .output()
-        .context("starting the gemms child without AMX")?;
-    if !out.status.success() {
-        bail!(
-            "the gemms child without AMX failed: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-    }
+    let args = [
+        "gemms",
+        "--threads",
+        &threads.to_string(),
+        "--rounds",
+        &rounds.to_string(),
+    ]
+    .map(String::from);
+    let env = [(fp_formats::cpu::NO_AMX_ENV, "1")];
+    let out = child_output(&args, &env, "gemms child without AMX")?;
     let report: SuiteReport =
-        serde_json::from_slice(&out.stdout).context("parsing the gemms child's report")?;
+        serde_json::from_slice(&out).context("parsing the gemms child's report")?;
     Ok(report
         .metrics
         .into_iter()

@@ -253,6 +253,25 @@ impl Rounds {
     }
 }
 
+/// Runs this bench binary again with `args` (and the environment variables `env` set) and
+/// returns what it printed; `what` names the child in errors, with its stderr when it fails.
+pub fn child_output(args: &[String], env: &[(&str, &str)], what: &str) -> anyhow::Result<Vec<u8>> {
+    use anyhow::Context;
+    let exe = std::env::current_exe().context("locating the bench binary")?;
+    let out = std::process::Command::new(exe)
+        .args(args)
+        .envs(env.iter().copied())
+        .output()
+        .with_context(|| format!("starting the {what}"))?;
+    if !out.status.success() {
+        anyhow::bail!(
+            "the {what} failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    Ok(out.stdout)
+}
+
 /// A rayon pool of `threads` threads (each measurement that compares thread counts runs its
 /// sides on pools of its own, not on the global one).
 pub fn pool(threads: usize) -> anyhow::Result<rayon::ThreadPool> {

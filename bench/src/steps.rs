@@ -7,7 +7,6 @@
 //! other. For thread scaling, 1-thread and 2-thread FP32 children (a process each, with its own
 //! pool and allocator state) alternate.
 
-use std::process::Command;
 use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
@@ -15,7 +14,7 @@ use serde::{Deserialize, Serialize};
 use trainer::recipe::Recipe;
 use trainer::train::{RunConfig, TrainOptions, Trainer};
 
-use crate::harness::{median_and_spread, pool, Rounds};
+use crate::harness::{child_output, median_and_spread, pool, Rounds};
 use crate::metric::{Basis, Better, Metric};
 use crate::peak;
 
@@ -102,21 +101,23 @@ fn run_child(
     warmup: usize,
     rounds: usize,
 ) -> Result<ChildResult> {
-    let exe = std::env::current_exe().context("locating the bench binary")?;
-    let out = Command::new(exe)
-        .args(["step", "--preset", preset, "--recipes", &recipes.join(",")])
-        .args(["--threads", &threads.to_string()])
-        .args(["--warmup", &warmup.to_string()])
-        .args(["--rounds", &rounds.to_string()])
-        .output()
-        .context("starting a step child")?;
-    if !out.status.success() {
-        bail!(
-            "step child ({recipes:?}, {threads} threads) failed: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-    }
-    let line = String::from_utf8_lossy(&out.stdout);
+    let args = [
+        "step",
+        "--preset",
+        preset,
+        "--recipes",
+        &recipes.join(","),
+        "--threads",
+        &threads.to_string(),
+        "--warmup",
+        &warmup.to_string(),
+        "--rounds",
+        &rounds.to_string(),
+    ]
+    .map(String::from);
+    let what = format!("step child ({recipes:?}, {threads} threads)");
+    let out = child_output(&args, &[], &what)?;
+    let line = String::from_utf8_lossy(&out);
     serde_json::from_str(line.trim()).with_context(|| format!("parsing child output {line:?}"))
 }
 
