@@ -416,3 +416,81 @@ fn bf16_operands_equal_rounding_first_on_edge_values() {
     quantized_matmul_tn_prequantized(op(&a, m, k, Usage::Rowwise, &q), bf, &mut got).unwrap();
     assert!(same(&got), "prequantized B");
 }
+
+/// A known tensor amax (`Operand::with_tensor_amax`) changes nothing but the work: under FP8
+/// current scaling, rowwise and columnwise, as either operand, through the GEMM and through
+/// `fake_operand`, the product, the factor and the state are those of measuring the amax;
+/// delayed scaling and other formats ignore it, and it never stays in a state.
+#[test]
+fn a_known_tensor_amax_gives_the_same_bits() {
+    let (m, n, k) = (48, 40, 96);
+    let (xa, xb) = (data(m * k, 31), data(n * k, 32));
+    let current = OperandQuant::fp8_current(Fp8Element::E5M2);
+    let delayed = OperandQuant {
+        format: QuantFormat::Fp8 {
+            element: Fp8Element::E4M3,
+            scaling: Fp8Scaling::Delayed {
+                history_len: 2,
+                margin: 0,
+                algo: AmaxAlgo::Max,
+            },
+        },
+        ..OperandQuant::F32
+    };
+    let amax = |v: &[f32]| v.iter().fold(0.0f32, |a, x| a.max(x.abs()));
+    for q in [current, delayed, OperandQuant::nvfp4()] {
+        for usage in [Usage::Rowwise, Usage::Columnwise] {
+            // `[outer, K]` operands, stored transposed for columnwise
+            let (a, b) = match usage {
+                Usage::Rowwise => (xa.clone(), xb.clone()),
+                Usage::Columnwise => (transpose(&xa, m, k), transpose(&xb, n, k)),
+            };
+            fn view(v: &[f32], outer: usize, k: usize, usage: Usage) -> MatRef<'_> {
+                match usage {
+                    Usage::Rowwise => MatRef::new(v, outer, k).unwrap(),
+                    Usage::Columnwise => MatRef::new(v, k, outer).unwrap(),
+                }
+            }
+            let qz = Quantizer::new(q, usage).unwrap();
+            let run = |known: bool| {
+                let (mut sa, mut sb) = (QuantState::new(), QuantState::new());
+                let mut out = vec![0.0f32; m * n];
+                let (mut oa, mut ob) = (
+                    quant::qgemm::Operand::new(view(&a, m, k, usage), qz),
+                    quant::qgemm::Operand::new(view(&b, n, k, usage), qz),
+                );
+                if known {
+                    oa = oa.with_tensor_amax(amax(&a));
+                    ob = ob.with_tensor_amax(amax(&b));
+                }
+                quantized_matmul_tn(oa.with_state(&mut sa), ob.with_state(&mut sb), &mut out)
+                    .unwrap();
+                let mut buf = vec![0.0f32; m * k];
+                let mut sf = QuantState::new();
+                let mut of = quant::qgemm::Operand::new(view(&a, m, k, usage), qz);
+                if known {
+                    of = of.with_tensor_amax(amax(&a));
+                }
+                let fa = fake_operand(of.with_state(&mut sf), &mut buf)
+                    .unwrap()
+                    .factor;
+                (bits(&out), sa, sb, bits(&buf), fa.to_bits(), sf)
+            };
+            let (with, without) = (run(true), run(false));
+            assert!(with == without, "{q:?} {usage:?}");
+            assert_eq!(
+                with.1,
+                QuantState::restore(
+                    with.1.amax_history().to_vec(),
+                    with.1.scale(),
+                    with.1.last_amax(),
+                    with.1.last_scale()
+                )
+            );
+        }
+    }
+}
+
+fn bits(v: &[f32]) -> Vec<u32> {
+    v.iter().map(|x| x.to_bits()).collect()
+}
