@@ -435,17 +435,21 @@ fn cast(
     let sr = (q.rounding == RoundingMode::Stochastic).then_some(key);
     let o = match scaling {
         Fp8Scaling::Current { power_of_two } => {
-            let amax = match state.given_amax.take() {
-                Some(given) => {
-                    // (the caller's promise, checked where tests run)
-                    debug_assert_eq!(given.to_bits(), tensor_amax(x.data).to_bits());
-                    given
-                }
-                None => tensor_amax(x.data),
-            };
+            // A given amax (`Operand::with_tensor_amax`) replaces the amax pass; the cast then
+            // folds the magnitudes it reads anyway into an amax of its own (the same
+            // NaN-ignoring maximum) and refuses a given amax that differs.
+            let given = state.given_amax.take();
+            let amax = given.unwrap_or_else(|| tensor_amax(x.data));
             let scale = compute_scale_from_amax(amax, fp8_max(element), power_of_two);
             let c = Cast { element, scale, sr };
-            let st = cast_tensor(x, usage, &c, out, false, portable);
+            let st = cast_tensor(x, usage, &c, out, given.is_some(), portable);
+            if given.is_some_and(|g| g.to_bits() != st.amax.to_bits()) {
+                return Err(QuantError::InvalidConfig(format!(
+                    "the tensor amax given for an FP8 current-scaling cast ({amax:e}) is not the \
+                     tensor's ({:e}): Operand::with_tensor_amax needs the exact max |x|",
+                    st.amax
+                )));
+            }
             Outcome {
                 scale,
                 amax,

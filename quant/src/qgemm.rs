@@ -104,7 +104,9 @@ impl<'a> Operand<'a> {
     /// reading `x` for it (the same bits); other quantizers ignore it. For a second
     /// quantization of one tensor, such as a linear layer's input cast rowwise for Fprop and
     /// again columnwise for Wgrad: the amax does not depend on the orientation or the FP8
-    /// element. Debug builds check the promise.
+    /// element. The cast checks the promise as it goes (it folds the magnitudes it reads into
+    /// an amax of its own) and returns [`QuantError::InvalidConfig`] for an amax that is not
+    /// the tensor's.
     ///
     /// ```
     /// use quant::qgemm::{quantized_matmul_tn, Operand};

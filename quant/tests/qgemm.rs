@@ -491,6 +491,41 @@ fn a_known_tensor_amax_gives_the_same_bits() {
     }
 }
 
+/// A tensor amax that is not the tensor's is refused with a typed error (too small, too
+/// large, NaN), rowwise and columnwise, and the state keeps its last cast.
+#[test]
+fn a_wrong_tensor_amax_is_refused() {
+    let (m, n, k) = (32, 16, 64);
+    let (a, b) = (data(m * k, 41), data(n * k, 42));
+    let true_amax = a.iter().fold(0.0f32, |x, v| x.max(v.abs()));
+    let q = OperandQuant::fp8_current(Fp8Element::E4M3);
+    for usage in [Usage::Rowwise, Usage::Columnwise] {
+        let qz = Quantizer::new(q, usage).unwrap();
+        let (ra, ca) = match usage {
+            Usage::Rowwise => (m, k),
+            Usage::Columnwise => (k, m),
+        };
+        let (rb, cb) = match usage {
+            Usage::Rowwise => (n, k),
+            Usage::Columnwise => (k, n),
+        };
+        for wrong in [true_amax * 0.5, true_amax * 2.0, f32::NAN, 0.0] {
+            let mut st = QuantState::new();
+            let mut out = vec![0.0f32; m * n];
+            let oa = quant::qgemm::Operand::new(MatRef::new(&a, ra, ca).unwrap(), qz)
+                .with_tensor_amax(wrong)
+                .with_state(&mut st);
+            let ob = quant::qgemm::Operand::new(MatRef::new(&b, rb, cb).unwrap(), qz);
+            let r = quantized_matmul_tn(oa, ob, &mut out);
+            assert!(
+                matches!(r, Err(QuantError::InvalidConfig(ref e)) if e.contains("with_tensor_amax")),
+                "{usage:?} {wrong}: {r:?}"
+            );
+            assert_eq!(st, QuantState::new(), "{usage:?} {wrong}");
+        }
+    }
+}
+
 fn bits(v: &[f32]) -> Vec<u32> {
     v.iter().map(|x| x.to_bits()).collect()
 }

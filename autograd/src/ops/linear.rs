@@ -620,7 +620,7 @@ mod tests {
 
     /// Under FP8 current scaling the second cast of X, W and dY takes the amax the first one
     /// measured: every role's state after a step is the one casting its tensor afresh leaves
-    /// (and debug builds check each given amax against the tensor).
+    /// (and each cast checks the amax it was given against the tensor).
     #[test]
     fn current_scaling_states_equal_fresh_casts() {
         let (t, n_in, n_out) = (48, 40, 24);
