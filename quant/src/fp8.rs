@@ -126,10 +126,6 @@ pub struct QuantState {
     scale_inv: f32,
     last_amax: f32,
     last_scale: f32,
-    /// The tensor amax the next current-scaling cast takes instead of measuring it, set by
-    /// [`crate::qgemm`] from [`crate::qgemm::Operand::with_tensor_amax`] for one quantization
-    /// and cleared after it (so always `None` between calls, in equality and checkpoints).
-    pub(crate) given_amax: Option<f32>,
 }
 
 impl Default for QuantState {
@@ -148,7 +144,6 @@ impl QuantState {
             scale_inv: 1.0,
             last_amax: 0.0,
             last_scale: 1.0,
-            given_amax: None,
         }
     }
 
@@ -205,7 +200,6 @@ impl QuantState {
             scale_inv: 1.0 / scale,
             last_amax,
             last_scale,
-            given_amax: None,
         }
     }
 
@@ -435,10 +429,10 @@ fn cast(
     let sr = (q.rounding == RoundingMode::Stochastic).then_some(key);
     let o = match scaling {
         Fp8Scaling::Current { power_of_two } => {
-            // A given amax (`Operand::with_tensor_amax`) replaces the amax pass; the cast then
-            // folds the magnitudes it reads anyway into an amax of its own (the same
+            // A given amax (`Quantizer::with_tensor_amax`) replaces the amax pass; the cast
+            // then folds the magnitudes it reads anyway into an amax of its own (the same
             // NaN-ignoring maximum) and refuses a given amax that differs.
-            let given = state.given_amax.take();
+            let given = qz.tensor_amax();
             let amax = given.unwrap_or_else(|| tensor_amax(x.data));
             let scale = compute_scale_from_amax(amax, fp8_max(element), power_of_two);
             let c = Cast { element, scale, sr };
@@ -446,7 +440,7 @@ fn cast(
             if given.is_some_and(|g| g.to_bits() != st.amax.to_bits()) {
                 return Err(QuantError::InvalidConfig(format!(
                     "the tensor amax given for an FP8 current-scaling cast ({amax:e}) is not the \
-                     tensor's ({:e}): Operand::with_tensor_amax needs the exact max |x|",
+                     tensor's ({:e}): Quantizer::with_tensor_amax needs the exact max |x|",
                     st.amax
                 )));
             }

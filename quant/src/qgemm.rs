@@ -77,8 +77,6 @@ pub struct Operand<'a> {
     pub quantizer: Quantizer,
     /// State for delayed FP8 scaling (required there, unused otherwise).
     pub state: Option<&'a mut QuantState>,
-    /// `x`'s amax, known already ([`Operand::with_tensor_amax`]).
-    tensor_amax: Option<f32>,
 }
 
 impl<'a> Operand<'a> {
@@ -88,44 +86,12 @@ impl<'a> Operand<'a> {
             x,
             quantizer,
             state: None,
-            tensor_amax: None,
         }
     }
 
     /// The same operand with a quantization state.
     pub fn with_state(mut self, state: &'a mut QuantState) -> Self {
         self.state = Some(state);
-        self
-    }
-
-    /// The same operand with its tensor's amax known: `amax` must be the largest magnitude
-    /// of `x` ignoring NaN, exactly what a current-scaling FP8 cast of `x` measures and leaves
-    /// as [`QuantState::last_amax`]. A current-scaling FP8 quantizer then takes it instead of
-    /// reading `x` for it (the same bits); other quantizers ignore it. For a second
-    /// quantization of one tensor, such as a linear layer's input cast rowwise for Fprop and
-    /// again columnwise for Wgrad: the amax does not depend on the orientation or the FP8
-    /// element. The cast checks the promise as it goes (it folds the magnitudes it reads into
-    /// an amax of its own) and returns [`QuantError::InvalidConfig`] for an amax that is not
-    /// the tensor's.
-    ///
-    /// ```
-    /// use quant::qgemm::{quantized_matmul_tn, Operand};
-    /// use quant::{Fp8Element, MatRef, OperandQuant, QuantState, Quantizer, Usage};
-    /// let x: Vec<f32> = (0..32 * 16).map(|i| (i as f32 * 0.37).sin()).collect();
-    /// let w: Vec<f32> = (0..8 * 16).map(|i| (i as f32 * 0.11).cos()).collect();
-    /// let q = Quantizer::new(OperandQuant::fp8_current(Fp8Element::E4M3), Usage::Rowwise)?;
-    /// let (xv, wv) = (MatRef::new(&x, 32, 16)?, MatRef::new(&w, 8, 16)?);
-    /// let (mut first, mut again) = (vec![0.0f32; 32 * 8], vec![0.0f32; 32 * 8]);
-    /// let mut state = QuantState::new();
-    /// quantized_matmul_tn(Operand::new(xv, q).with_state(&mut state), Operand::new(wv, q), &mut first)?;
-    /// let amax = state.last_amax();
-    /// let xa = Operand::new(xv, q).with_tensor_amax(amax);
-    /// quantized_matmul_tn(xa, Operand::new(wv, q), &mut again)?;
-    /// assert_eq!(first, again);
-    /// # Ok::<(), quant::QuantError>(())
-    /// ```
-    pub fn with_tensor_amax(mut self, amax: f32) -> Self {
-        self.tensor_amax = Some(amax);
         self
     }
 
@@ -351,10 +317,7 @@ pub fn fake_operand<'b>(
     let mut local = QuantState::new();
     let quantizer = op.quantizer;
     let state = quant_state(&mut op.state, quantizer.spec(), &mut local)?;
-    state.given_amax = op.tensor_amax;
-    let factor = quantizer.fake_quantize_into(op.x, state, buf);
-    state.given_amax = None;
-    let factor = factor?;
+    let factor = quantizer.fake_quantize_into(op.x, state, buf)?;
     Ok(FakeOperand {
         values: MatRef::row_major(buf, outer, k),
         factor,
@@ -723,26 +686,9 @@ fn prepare<'a>(
     let mut op = op;
     let mut local = QuantState::new();
     let state = quant_state(&mut op.state, quantizer.spec(), &mut local)?;
-    // one quantization's worth: whichever path runs takes it, or it is dropped below
-    state.given_amax = op.tensor_amax;
-    let side = prepare_with_state(op.x, quantizer, state, buf, tiles, gemm_rounds, (outer, k));
-    state.given_amax = None;
-    side
-}
-
-/// [`prepare`] once the operand's state is found.
-fn prepare_with_state<'a>(
-    x: MatRef<'a>,
-    quantizer: Quantizer,
-    state: &mut QuantState,
-    buf: &'a mut Vec<f32>,
-    tiles: (&mut crate::gemm::TileWords, bool),
-    gemm_rounds: bool,
-    (outer, k): (usize, usize),
-) -> Result<(Side<'a>, f32), QuantError> {
     if gemm_rounds {
         if let Some((f, chunk_major)) =
-            quantizer.fake_quantize_packed(x, state, tiles.1, tiles.0)?
+            quantizer.fake_quantize_packed(op.x, state, tiles.1, tiles.0)?
         {
             let side = Side::Packed {
                 rows: outer,
@@ -762,10 +708,13 @@ fn prepare_with_state<'a>(
         // source layout and the GEMM reads them through a transposed view: no transposing
         // copy, and the GEMM packs the view like an f32 operand's. The packed operand, hence
         // the product, is the same bit for bit as from the stored (transposed) layout.
-        if let Some(f) = quantizer.fake_quantize_source_layout(x, state, dst)? {
-            return Ok((Side::View(MatRef::row_major(dst, x.rows, x.cols).t()), f));
+        if let Some(f) = quantizer.fake_quantize_source_layout(op.x, state, dst)? {
+            return Ok((
+                Side::View(MatRef::row_major(dst, op.x.rows, op.x.cols).t()),
+                f,
+            ));
         }
     }
-    let f = quantizer.fake_quantize_into(x, state, dst)?;
+    let f = quantizer.fake_quantize_into(op.x, state, dst)?;
     Ok((Side::View(MatRef::row_major(dst, outer, k)), f))
 }

@@ -63,6 +63,8 @@ pub struct Quantizer {
     spec: OperandQuant,
     usage: Usage,
     key: RngKey,
+    /// The input tensor's amax, known already ([`Quantizer::with_tensor_amax`]).
+    tensor_amax: Option<f32>,
 }
 
 impl Quantizer {
@@ -139,6 +141,7 @@ impl Quantizer {
             spec,
             usage,
             key: RngKey::default(),
+            tensor_amax: None,
         })
     }
 
@@ -146,6 +149,43 @@ impl Quantizer {
     /// signs) from `key`'s stream.
     pub fn with_key(self, key: RngKey) -> Self {
         Quantizer { key, ..self }
+    }
+
+    /// The same quantizer for a tensor whose amax is known: `amax` must be the largest
+    /// magnitude of the input ignoring NaN, exactly what a current-scaling FP8 cast of it
+    /// measures and leaves as [`QuantState::last_amax`]. A current-scaling FP8 cast then
+    /// takes it instead of reading the tensor for it (the same bits); other formats ignore
+    /// it. For a second quantization of one tensor, such as a linear layer's input cast
+    /// rowwise for Fprop and again columnwise for Wgrad: the amax does not depend on the
+    /// orientation or the FP8 element. The cast checks it as it goes (it folds the
+    /// magnitudes it reads into an amax of its own) and returns [`QuantError::InvalidConfig`]
+    /// for an amax that is not the tensor's.
+    ///
+    /// ```
+    /// use quant::qgemm::{quantized_matmul_tn, Operand};
+    /// use quant::{Fp8Element, MatRef, OperandQuant, QuantState, Quantizer, Usage};
+    /// let x: Vec<f32> = (0..32 * 16).map(|i| (i as f32 * 0.37).sin()).collect();
+    /// let w: Vec<f32> = (0..8 * 16).map(|i| (i as f32 * 0.11).cos()).collect();
+    /// let q = Quantizer::new(OperandQuant::fp8_current(Fp8Element::E4M3), Usage::Rowwise)?;
+    /// let (xv, wv) = (MatRef::new(&x, 32, 16)?, MatRef::new(&w, 8, 16)?);
+    /// let (mut first, mut again) = (vec![0.0f32; 32 * 8], vec![0.0f32; 32 * 8]);
+    /// let mut state = QuantState::new();
+    /// quantized_matmul_tn(Operand::new(xv, q).with_state(&mut state), Operand::new(wv, q), &mut first)?;
+    /// let known = q.with_tensor_amax(state.last_amax());
+    /// quantized_matmul_tn(Operand::new(xv, known), Operand::new(wv, q), &mut again)?;
+    /// assert_eq!(first, again);
+    /// # Ok::<(), quant::QuantError>(())
+    /// ```
+    pub fn with_tensor_amax(self, amax: f32) -> Self {
+        Quantizer {
+            tensor_amax: Some(amax),
+            ..self
+        }
+    }
+
+    /// The input's amax, where [`Quantizer::with_tensor_amax`] gave it.
+    pub(crate) fn tensor_amax(&self) -> Option<f32> {
+        self.tensor_amax
     }
 
     /// The operand settings.

@@ -134,6 +134,7 @@ impl Graph<'_> {
             policy.fprop.a,
             key(seed, stream, OperandRole::FpropX, step)?,
             sa,
+            None,
         )?;
         let wb = operand(
             vals.get(w),
@@ -142,6 +143,7 @@ impl Graph<'_> {
             policy.fprop.b,
             key(seed, stream, OperandRole::FpropW, step)?,
             sb,
+            None,
         )?;
         // The kept W operand: its buffer and per-tensor factor.
         let mut w_fake: Option<f32> = None;
@@ -190,6 +192,7 @@ impl Graph<'_> {
                         policy.dgrad.a,
                         key(seed, stream, OperandRole::DgradDy, step)?,
                         sa,
+                        None,
                     )?;
                     match (&wq, w_fake) {
                         // Wᵀ as the transpose of the Fprop operand (see the forward).
@@ -205,17 +208,15 @@ impl Graph<'_> {
                         }
                         _ => quantized_matmul_tn(
                             dya,
-                            with_amax(
-                                operand(
-                                    vals.get(w),
-                                    (n_out, n_in),
-                                    Usage::Columnwise,
-                                    policy.dgrad.b,
-                                    key(seed, stream, OperandRole::DgradW, step)?,
-                                    sb,
-                                )?,
+                            operand(
+                                vals.get(w),
+                                (n_out, n_in),
+                                Usage::Columnwise,
+                                policy.dgrad.b,
+                                key(seed, stream, OperandRole::DgradW, step)?,
+                                sb,
                                 w_amax,
-                            ),
+                            )?,
                             out,
                         )?,
                     }
@@ -231,28 +232,24 @@ impl Graph<'_> {
                  -> Result<()> {
                     let (sa, sb) = st2(state, OperandRole::WgradDy, OperandRole::WgradX);
                     quantized_matmul_tn(
-                        with_amax(
-                            operand(
-                                dy,
-                                (m, n_out),
-                                Usage::Columnwise,
-                                policy.wgrad.a,
-                                key(seed, stream, OperandRole::WgradDy, step)?,
-                                sa,
-                            )?,
+                        operand(
+                            dy,
+                            (m, n_out),
+                            Usage::Columnwise,
+                            policy.wgrad.a,
+                            key(seed, stream, OperandRole::WgradDy, step)?,
+                            sa,
                             dy_amax,
-                        ),
-                        with_amax(
-                            operand(
-                                vals.get(x),
-                                (m, n_in),
-                                Usage::Columnwise,
-                                policy.wgrad.b,
-                                key(seed, stream, OperandRole::WgradX, step)?,
-                                sb,
-                            )?,
+                        )?,
+                        operand(
+                            vals.get(x),
+                            (m, n_in),
+                            Usage::Columnwise,
+                            policy.wgrad.b,
+                            key(seed, stream, OperandRole::WgradX, step)?,
+                            sb,
                             x_amax,
-                        ),
+                        )?,
                         out,
                     )?;
                     Ok(())
@@ -295,7 +292,7 @@ impl Graph<'_> {
 
 /// The amax that `role`'s cast just measured, when that cast and `next`, a later cast of the
 /// same tensor in the same step, both use FP8 current scaling: `next` may then take it
-/// ([`Operand::with_tensor_amax`]) instead of reading the tensor again. The amax of a tensor
+/// ([`Quantizer::with_tensor_amax`]) instead of reading the tensor again. The amax of a tensor
 /// does not depend on the orientation or the FP8 element, and current scaling keeps no
 /// state between casts, so the result and the states are bit for bit those of measuring
 /// again. Read right after the cast, before another call of the layer reuses the state.
@@ -319,16 +316,8 @@ fn known_amax(
 /// A tensor's amax, where a cast measured it for a later one to take ([`known_amax`]).
 type KnownAmax = Option<f32>;
 
-/// `op` with its tensor's amax when it is known.
-fn with_amax(op: Operand<'_>, amax: KnownAmax) -> Operand<'_> {
-    match amax {
-        Some(a) => op.with_tensor_amax(a),
-        None => op,
-    }
-}
-
-/// The GEMM operand `[rows, cols]` `data`, quantized for `usage` with `q`, `key` and the
-/// operand's delayed-scaling state.
+/// The GEMM operand `[rows, cols]` `data`, quantized for `usage` with `q`, `key`, the
+/// operand's delayed-scaling state and, where a first cast measured it, the tensor's amax.
 fn operand<'a>(
     data: &'a [f32],
     (rows, cols): (usize, usize),
@@ -336,8 +325,12 @@ fn operand<'a>(
     q: OperandQuant,
     key: RngKey,
     state: &'a mut QuantState,
+    amax: KnownAmax,
 ) -> Result<Operand<'a>> {
-    let quantizer = Quantizer::new(q, usage)?.with_key(key);
+    let mut quantizer = Quantizer::new(q, usage)?.with_key(key);
+    if let Some(a) = amax {
+        quantizer = quantizer.with_tensor_amax(a);
+    }
     Ok(Operand::new(MatRef::new(data, rows, cols)?, quantizer).with_state(state))
 }
 
