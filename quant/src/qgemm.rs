@@ -249,6 +249,32 @@ impl<'a> FakeOperand<'a> {
     }
 }
 
+/// Whether a quantized GEMM takes an operand quantized with `q` as it is, its packing doing
+/// the quantization: `q` is BF16 with round-to-nearest-even and no transform, and the
+/// product runs on a BF16 unit, whose packing rounds its inputs to BF16 the same way
+/// ([`quantized_gemm_rounds_inputs`]; both operands quantized). A caller that would
+/// fake-quantize such an operand once for several products ([`fake_operand`]) saves a pass
+/// by not doing so: each product then rounds it while packing it, to the same bits.
+///
+/// ```
+/// use quant::qgemm::packing_rounds;
+/// use quant::gemm::bf16::quantized_gemm_rounds_inputs;
+/// use quant::{OperandQuant, RoundingMode};
+/// assert_eq!(packing_rounds(&OperandQuant::BF16), quantized_gemm_rounds_inputs());
+/// assert!(!packing_rounds(&OperandQuant::BF16.with_rounding(RoundingMode::Stochastic)));
+/// assert!(!packing_rounds(&OperandQuant::nvfp4()));
+/// ```
+pub fn packing_rounds(q: &OperandQuant) -> bool {
+    bf16_nearest(q) && quantized_gemm_rounds_inputs()
+}
+
+/// BF16 with round-to-nearest-even and no transform.
+fn bf16_nearest(q: &OperandQuant) -> bool {
+    q.format == QuantFormat::Bf16
+        && q.rounding == RoundingMode::NearestEven
+        && q.rht == crate::config::Rht::Off
+}
+
 /// Whether the columnwise fake quantization with `q` of any tensor is exactly the transpose
 /// of its rowwise fake quantization (values and factor), so that one result can serve both
 /// usages: NVFP4 with 16x16 tiles, round-to-nearest, no Hadamard transform and no Four Over
@@ -673,11 +699,7 @@ fn prepare<'a>(
 ) -> Result<(Side<'a>, f32), QuantError> {
     let (outer, k) = op.gemm_shape();
     let quantizer = op.quantizer;
-    let spec = quantizer.spec();
-    let bf16_rne = spec.format == QuantFormat::Bf16
-        && spec.rounding == RoundingMode::NearestEven
-        && spec.rht == crate::config::Rht::Off;
-    if !quantizer.quantizes() || (gemm_rounds && bf16_rne) {
+    if !quantizer.quantizes() || (gemm_rounds && bf16_nearest(quantizer.spec())) {
         return Ok(match quantizer.usage() {
             Usage::Rowwise => (Side::View(op.x), 1.0),
             Usage::Columnwise => (Side::View(op.x.t()), 1.0),

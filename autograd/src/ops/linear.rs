@@ -21,8 +21,8 @@
 
 use quant::gemm::MatRef;
 use quant::qgemm::{
-    e2m1_values, fake_operand, quantized_matmul_tn, quantized_matmul_tn_prequantized,
-    transpose_exact, FakeOperand, Operand,
+    e2m1_values, fake_operand, packing_rounds, quantized_matmul_tn,
+    quantized_matmul_tn_prequantized, transpose_exact, FakeOperand, Operand,
 };
 use quant::{
     Fp8Scaling, GemmPolicy, OperandQuant, QuantFormat, QuantState, Quantizer, RngKey, Usage,
@@ -107,9 +107,12 @@ impl Graph<'_> {
         // Quantize W once for Fprop and Dgrad when the policy gives both the same
         // transpose-exact quantizer (NVFP4 16x16 RNE, BF16 RNE): the Dgrad operand (Wᵀ) is then
         // the transpose of the Fprop one, bit for bit (docs/numerics.md#1x16-blocks-and-16x16-tiles).
+        // Not where the GEMMs' packing rounds W itself (BF16 RNE on a BF16 unit): each then
+        // packs it straight from W, to the same bits, without the rounding pass and its copy.
         let reuse_w = self.needs_grad(&[x])
             && policy.fprop.b == policy.dgrad.b
-            && transpose_exact(&policy.fprop.b);
+            && transpose_exact(&policy.fprop.b)
+            && !packing_rounds(&policy.fprop.b);
         let mut wq = reuse_w.then(|| self.alloc(n_out * n_in));
         let grad_on = self.grad_enabled();
         let (vals, states, _) = self.parts();
