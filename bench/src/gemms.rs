@@ -34,7 +34,7 @@ use quant::{GemmPolicy, OperandQuant, Quantizer, RngKey, Usage};
 use crate::harness::{child_output, pool, run_rounds, Case, Clock};
 use crate::kernels::data;
 use crate::metric::{Better, Metric, SuiteReport};
-use crate::peak::{peak_gflops, Unit};
+use crate::peak::{peak_gflops, PairedProbe, Unit};
 
 /// `(name, M, N, K)`: the linear layers' GEMMs of a training step (2,048 tokens): Fprop of
 /// the FFN's up and down projections (row-major operands), and the Wgrad of the up
@@ -113,7 +113,14 @@ pub fn suite(threads: usize, rounds: usize) -> Result<Vec<Metric>> {
         }
         peaks.push((unit, p));
     }
-    let peak = |u: Unit| peaks.iter().find(|(x, _)| *x == u).and_then(|(_, p)| *p);
+    // each unit's probe again, timed in every shape's rounds beside its GEMMs: the fractions
+    // of the peak are ratios of times taken together
+    let probes: Vec<(Unit, PairedProbe)> = peaks
+        .iter()
+        .filter(|(_, p)| p.is_some())
+        .filter_map(|&(u, _)| PairedProbe::new(u, threads, 5e-4).map(|p| (u, p)))
+        .collect();
+    let probe = |u: Unit| probes.iter().find(|(x, _)| *x == u).map(|(_, p)| *p);
     let bf16_unit = match quant::gemm::bf16::quantized_gemm_arithmetic() {
         Some(Bf16Arithmetic::Tiles) => Unit::Amx,
         Some(Bf16Arithmetic::Pairs) if fp_formats::cpu::has_avx512_bf16() => Unit::Dpbf16,
@@ -246,6 +253,17 @@ pub fn suite(threads: usize, rounds: usize) -> Result<Vec<Metric>> {
                 assert!(ran, "NVFP4 values split into E2M1 groups");
             }));
         }
+        let mut units_here = vec![Unit::Fma, bf16_unit, nvfp4_unit];
+        if pairs_too {
+            units_here.push(Unit::Dpbf16);
+        }
+        let mut timed: Vec<Unit> = Vec::new();
+        for u in units_here {
+            if let (false, Some(p)) = (timed.contains(&u), probe(u)) {
+                cases.push(Case::new(probe_case(u), move || p.run()));
+                timed.push(u);
+            }
+        }
         let r = run_rounds(&mut cases, rounds, 3, Clock::Wall);
         let flops = 2.0 * (m * n * k) as f64;
         let shape = format!("{m}x{n}x{k}, {threads} thread(s)");
@@ -284,7 +302,12 @@ pub fn suite(threads: usize, rounds: usize) -> Result<Vec<Metric>> {
                 Better::Higher,
                 format!("{case} GEMM, {shape}"),
             ));
-            let of_peak = peak(unit).map(|p| g / p);
+            // (flops / case time) / (probe flops / probe time), per round
+            let of_peak = timed
+                .contains(&unit)
+                .then(|| probe(unit))
+                .flatten()
+                .map(|p| flops / p.flops() * r.ratio(probe_case(unit), case).0);
             if let Some(f) = of_peak {
                 out.push(Metric::absolute(
                     format!("quant/gemm_{case}_{name}/of_peak_{threads}t"),
@@ -311,6 +334,19 @@ pub fn suite(threads: usize, rounds: usize) -> Result<Vec<Metric>> {
                 ));
             }
         }
+        // the roofline's share of each unit's peak: the most of it any GEMM of these f32
+        // operands can reach, its arithmetic at the peak against one pass of its least traffic
+        for &u in &timed {
+            let p = probe(u).expect("timed units have probes");
+            let at_peak = flops / p.flops() * r.ratio(probe_case(u), "traffic").0;
+            out.push(Metric::absolute(
+                format!("quant/roofline_{}_{name}/of_peak_{threads}t", u.name()),
+                at_peak.min(1.0),
+                "x",
+                Better::Higher,
+                format!("the most of the {} peak a GEMM of these f32 operands can reach: the time of its arithmetic at the peak over the longer of that and one pass reading both operands and writing the output, {shape}", u.name()),
+            ));
+        }
         let mut vs_f32 = vec![
             ("bf16", "operand packing included"),
             ("nvfp4", "quantizing the f32 operands included"),
@@ -334,6 +370,16 @@ pub fn suite(threads: usize, rounds: usize) -> Result<Vec<Metric>> {
         })?;
     }
     Ok(out)
+}
+
+/// The case name of `unit`'s paired probe ([`PairedProbe`]).
+fn probe_case(unit: Unit) -> &'static str {
+    match unit {
+        Unit::Fma => "peak_fp32_fma",
+        Unit::Dpbf16 => "peak_bf16_dot",
+        Unit::Amx => "peak_amx_bf16",
+        Unit::ByteDot => "peak_byte_dot",
+    }
 }
 
 /// Reads every value of `a` and `b` once and writes every value of `out` once, in parallel on

@@ -73,6 +73,55 @@ pub fn peak_gflops(unit: Unit, threads: usize, secs: f64) -> anyhow::Result<Opti
     Ok(Some(best))
 }
 
+/// The probe of `unit` as a case timed beside the GEMMs in the same rounds (see
+/// [`PairedProbe::run`]), so that a GEMM's fraction of the peak is a ratio of two times taken
+/// together: on a VM the clock of a core drifts by several percent between the start of a
+/// suite and its last case.
+#[derive(Clone, Copy, Debug)]
+pub struct PairedProbe {
+    unit: Unit,
+    threads: usize,
+    iters: usize,
+    /// Operations of one thread's call.
+    flops: f64,
+}
+
+impl PairedProbe {
+    /// The probe of `unit` on `threads` threads, one call taking about `secs`; `None` where
+    /// this CPU (or `NIBBLE_FORCE_PORTABLE`) rules the unit out.
+    pub fn new(unit: Unit, threads: usize, secs: f64) -> Option<PairedProbe> {
+        probe(unit, 1)?;
+        let mut iters = 256usize;
+        loop {
+            let t = Instant::now();
+            probe(unit, iters);
+            let took = t.elapsed().as_secs_f64();
+            if took > secs / 4.0 || iters >= 1 << 30 {
+                let iters = ((iters as f64) * secs / took.max(1e-9)).clamp(1.0, 1e9) as usize;
+                return Some(PairedProbe {
+                    unit,
+                    threads,
+                    iters,
+                    flops: probe(unit, iters)?,
+                });
+            }
+            iters *= 4;
+        }
+    }
+
+    /// Runs one call: every thread of the current pool's first `threads` runs the probe.
+    pub fn run(&self) {
+        (0..self.threads).into_par_iter().for_each(|_| {
+            std::hint::black_box(probe(self.unit, self.iters));
+        });
+    }
+
+    /// Floating-point operations of one [`PairedProbe::run`].
+    pub fn flops(&self) -> f64 {
+        self.flops * self.threads as f64
+    }
+}
+
 /// Name of the metric, within a group of 2-thread speed-ups (`step`, `quant`), that says how
 /// much of a second core the host gave in the same rounds: see [`scaling_work`].
 pub fn scaling_probe_metric(group: &str) -> String {

@@ -315,7 +315,7 @@ fn gemms(s: &mut String, metrics: &[Metric]) {
     let (pairs, alone) = (has("bf16_pairs"), has("bf16_prepacked"));
     let _ = writeln!(
         s,
-        "\nGEMMs on the training shapes (reported), GFLOP/s (fraction of the instruction's measured peak; fraction of the roofline, the longer of that peak's arithmetic and one pass reading both f32 operands and writing the output), 1 / 2 threads. Peaks: f32 on FP32 FMA; the others on the BF16 unit their GEMM runs on, AMX-BF16 or else `vdpbf16ps` where present, else FP32 FMA. The NVFP4 and MXFP8 GEMMs include quantizing their f32 operands.{} Peaks here: FP32 FMA {} / {}, `vdpbf16ps` {} / {}, AMX-BF16 {} / {} GFLOP/s.\n\n| shape (M x N x K) | f32 | bf16 | nvfp4 | mxfp8 | bf16 over f32 |{}\n|---|---:|---:|---:|---:|---:|{}",
+        "\nGEMMs on the training shapes (reported), GFLOP/s (fraction of the instruction's peak, its probe timed in the same rounds; fraction of the roofline, the longer of that peak's arithmetic and one pass reading both f32 operands and writing the output), 1 / 2 threads. Peaks: f32 on FP32 FMA; the others on the BF16 unit their GEMM runs on, AMX-BF16 or else `vdpbf16ps` where present, else FP32 FMA. The NVFP4 and MXFP8 GEMMs include quantizing their f32 operands.{} Peaks here: FP32 FMA {} / {}, `vdpbf16ps` {} / {}, AMX-BF16 {} / {} GFLOP/s.\n\n| shape (M x N x K) | f32 | bf16 | nvfp4 | mxfp8 | bf16 over f32 |{}\n|---|---:|---:|---:|---:|---:|{}",
         if alone {
             " `bf16 kernel alone` times the BF16 GEMM's kernel on the same operands packed once (no f32 operand read, rounded or packed; the f32 output still written), its roofline from one pass reading the packed tiles and writing the output."
         } else {
@@ -368,6 +368,7 @@ fn gemms(s: &mut String, metrics: &[Metric]) {
             x(2)
         );
     }
+    roofline_shares(s, metrics, &shapes);
     if !pairs {
         return;
     }
@@ -382,6 +383,45 @@ fn gemms(s: &mut String, metrics: &[Metric]) {
             cell("bf16_pairs", shape),
             cell("nvfp4_pairs", shape),
             cell("mxfp8_pairs", shape),
+        );
+    }
+}
+
+/// The roofline's share of each unit's peak per shape: the most of the peak any GEMM of the
+/// shape's f32 operands can reach.
+fn roofline_shares(s: &mut String, metrics: &[Metric], shapes: &[&str]) {
+    let units: Vec<(&str, &str)> = [
+        ("amx_bf16", "AMX-BF16"),
+        ("bf16_dot", "`vdpbf16ps`"),
+        ("fp32_fma", "FP32 FMA"),
+    ]
+    .into_iter()
+    .filter(|(u, _)| {
+        let prefix = format!("quant/roofline_{u}_");
+        metrics.iter().any(|m| m.name.starts_with(&prefix))
+    })
+    .collect();
+    if units.is_empty() {
+        return;
+    }
+    let _ = writeln!(
+        s,
+        "\nThe most of each unit's peak that any GEMM of these f32 operands can reach, 1 / 2 threads: the time of its arithmetic at the peak over the longer of that and one pass reading both operands and writing the output (the roofline, timed in the same rounds; 1.00 where the arithmetic is the longer):\n\n| shape (M x N x K) |{}\n|---|{}",
+        units.iter().map(|(_, n)| format!(" {n} |")).collect::<String>(),
+        "---:|".repeat(units.len()),
+    );
+    for shape in shapes {
+        let cell = |u: &str| {
+            let t = |t: u32| {
+                find(metrics, &format!("quant/roofline_{u}_{shape}/of_peak_{t}t"))
+                    .map_or("-".into(), |x| format!("{x:.2}"))
+            };
+            format!(" {} / {} |", t(1), t(2))
+        };
+        let _ = writeln!(
+            s,
+            "| `{shape}` |{}",
+            units.iter().map(|(u, _)| cell(u)).collect::<String>()
         );
     }
 }
@@ -489,6 +529,21 @@ mod tests {
         gemms(&mut s, &with_alone);
         assert!(
             s.contains("| shape (M x N x K) | bf16 | nvfp4 | mxfp8 |\n|---|---:|---:|---:|\n| `small_fprop_up` | 101 (0.83) / - | - / 150 | 80 (0.79) / - |"),
+            "{s}"
+        );
+        // the roofline's shares of the units' peaks: a table of the units measured
+        assert!(!s.contains("The most of each unit's peak"), "{s}");
+        for (name, v) in [
+            ("quant/roofline_amx_bf16_small_fprop_up/of_peak_1t", 0.339),
+            ("quant/roofline_amx_bf16_small_fprop_up/of_peak_2t", 0.21),
+            ("quant/roofline_bf16_dot_small_fprop_up/of_peak_1t", 1.0),
+        ] {
+            with_alone.push(reported(name, v));
+        }
+        let mut s = String::new();
+        gemms(&mut s, &with_alone);
+        assert!(
+            s.contains("| shape (M x N x K) | AMX-BF16 | `vdpbf16ps` |\n|---|---:|---:|\n| `small_fprop_up` | 0.34 / 0.21 | 1.00 / - |"),
             "{s}"
         );
         // a quick run has neither: nothing is written
