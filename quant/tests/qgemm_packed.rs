@@ -183,8 +183,10 @@ fn packed_operands_equal_the_whole_operand_path() {
         .into_iter()
         .map(|(a, b)| (a, b, Usage::Columnwise));
     let cases: Vec<_> = rowwise.chain(columnwise).collect();
-    // ... and M = 96, N = 80: whole 16-column stretches (the AVX-512 columnwise kernels)
-    for dims in [(300, 70, 1008), (96, 80, 1008)] {
+    // ... and M = 96, N = 80: whole 16-column stretches (the AVX-512 columnwise kernels);
+    // with K = 1024 also whole 32-row strips, which MX quantizes and packs tile by tile in
+    // registers (N = 80: five 16-row tiles, the sixth a padding tile)
+    for dims in [(300, 70, 1008), (96, 80, 1008), (96, 80, 1024)] {
         for (qa, qb, usage) in &cases {
             let (first, states) = run((qa, qb, *usage), dims, 1);
             for threads in [2, 3] {
@@ -242,6 +244,31 @@ fn packed_path_reports_non_finite_input() {
                 assert_eq!(e.to_string(), w.to_string())
             }
             (r, w) => panic!("{q:?}: {r:?} vs {w:?}"),
+        }
+    }
+    // columnwise MX on whole 32x16 tiles (`[K, outer]` tensors), quantized and packed in
+    // registers: a NaN and an infinity
+    for bad in [f32::NAN, f32::INFINITY] {
+        let mut a = data(k * m, 3);
+        a[33 * m + 21] = bad;
+        let b = data(k * n, 4);
+        let q = OperandQuant::mx(MxElement::E4M3, ScaleRule::Rceil);
+        let xa = quantizer(&q, Usage::Columnwise, key).unwrap();
+        let xb = quantizer(&q, Usage::Columnwise, key).unwrap();
+        let r = quantized_matmul_tn_with(
+            Operand::new(MatRef::new(&a, k, m).unwrap(), xa),
+            Operand::new(MatRef::new(&b, k, n).unwrap(), xb),
+            &mut vec![0.0f32; m * n],
+            &mut GemmWorkspace::new(),
+        );
+        let want = xa.fake_quantize_into(
+            MatRef::new(&a, k, m).unwrap(),
+            &mut QuantState::new(),
+            &mut vec![0.0f32; m * k],
+        );
+        match (r, want) {
+            (Err(e), Err(w)) => assert_eq!(e.to_string(), w.to_string()),
+            (r, w) => panic!("columnwise MX, {bad}: {r:?} vs {w:?}"),
         }
     }
     // columnwise with RHT (`[K, outer]` tensors, 16 whole columns): a NaN, and a column

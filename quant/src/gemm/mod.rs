@@ -22,7 +22,7 @@ pub(crate) use tile_words::TileWords;
 #[cfg(target_arch = "x86_64")]
 mod pack_avx2;
 #[cfg(target_arch = "x86_64")]
-mod pack_avx512;
+pub(crate) mod pack_avx512;
 
 use rayon::prelude::*;
 

@@ -457,7 +457,7 @@ unsafe fn pack_tiles_avx2(
 
 /// Whether the packing loops may use AVX-512 (the same instructions' results: the packing
 /// only converts and moves values, so the bits do not depend on it).
-pub(super) fn wide_packing() -> bool {
+pub(crate) fn wide_packing() -> bool {
     #[cfg(target_arch = "x86_64")]
     {
         fp_formats::cpu::has_avx512_bf16()
@@ -572,6 +572,49 @@ where
                 let x = MatRef::row_major(v, n, rows).t();
                 pack_dispatch(x, n.div_ceil(CHUNK), 0, tiles, (a_layout, true))
             })
+        })
+        .reduce(S::default, merge)
+}
+
+/// Fills the chunk-major tiles of an `[rows, k]` operand (the layout of
+/// [`pack_panels_chunk_major`]) tile by tile: `tile(i, t, words)` must write all 256 words
+/// of tile `(i, t)` (rows `16i ..`, K `32t ..`) for every `i < ⌈rows / 16⌉`, and returns its
+/// statistics, merged with `merge`; the padding tiles past the rows are zeroed here. For a
+/// quantizer whose kernel produces whole tiles in registers and packs them itself, with no
+/// f32 panel between. Tasks take runs of chunks.
+pub(crate) fn fill_tiles_chunk_major<S, P>(
+    rows: usize,
+    k: usize,
+    buf: &mut crate::gemm::TileWords,
+    merge: fn(S, S) -> S,
+    tile: P,
+) -> S
+where
+    S: Send + Default,
+    P: Fn(usize, usize, &mut [u32]) -> S + Sync,
+{
+    let (kc, row_tiles, len) = tile_buffer(rows, k, buf);
+    if len == 0 {
+        return S::default();
+    }
+    let real = rows.div_ceil(TILE);
+    // as many chunks per task as one panel of `pack_panels_chunk_major` holds
+    let per_task =
+        (PANEL_ELEMS / (CHUNK * rows)).clamp(1, kc.div_ceil(2 * rayon::current_num_threads()));
+    buf[..len]
+        .par_chunks_mut(per_task * row_tiles * TILE_WORDS)
+        .enumerate()
+        .map(|(g, tiles)| {
+            let mut stats = S::default();
+            for (j, words) in tiles.chunks_exact_mut(TILE_WORDS).enumerate() {
+                let (t, i) = (g * per_task + j / row_tiles, j % row_tiles);
+                if i < real {
+                    stats = merge(stats, tile(i, t, words));
+                } else {
+                    words.fill(0);
+                }
+            }
+            stats
         })
         .reduce(S::default, merge)
 }

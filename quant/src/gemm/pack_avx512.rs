@@ -154,16 +154,7 @@ pub(super) unsafe fn pack_tile(
             } else {
                 _mm512_setzero_ps()
             };
-            *wp = if subnormal(lo) | subnormal(hi) == 0 {
-                // lo's 16 values then hi's, interleaved into pair words
-                let interleave = _mm512_set_epi16(
-                    31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8, 23, 7, 22, 6, 21,
-                    5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0,
-                );
-                _mm512_permutexvar_epi16(interleave, convert(lo, hi))
-            } else {
-                pair_words(round_high(lo), round_high(hi))
-            };
+            *wp = k_pair_words(lo, hi);
         }
         false
     } else {
@@ -176,6 +167,44 @@ pub(super) unsafe fn pack_tile(
         _mm512_storeu_si512(dst.as_mut_ptr().cast(), v);
     }
     true
+}
+
+/// The 16 pair words of K pair `(lo, hi)` (one value per lane, the lanes the tile's 16
+/// rows): each lane's two values rounded to BF16 as [`pack_tile`] rounds them, `lo`'s in the
+/// low half. Row `p` of a B tile whose K values `2p`, `2p + 1` these are (a tile of a
+/// rows-contiguous view, as a columnwise quantizer produces it in the source layout); an A
+/// tile holds the transposed words ([`store_k_pairs`]).
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512bf16")]
+pub(crate) fn k_pair_words(lo: __m512, hi: __m512) -> __m512i {
+    if subnormal(lo) | subnormal(hi) == 0 {
+        // lo's 16 values then hi's, interleaved into pair words
+        let interleave = _mm512_set_epi16(
+            31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8, 23, 7, 22, 6, 21, 5, 20,
+            4, 19, 3, 18, 2, 17, 1, 16, 0,
+        );
+        _mm512_permutexvar_epi16(interleave, convert(lo, hi))
+    } else {
+        // SAFETY: the CPU has AVX-512F (this function's features).
+        unsafe { pair_words(round_high(lo), round_high(hi)) }
+    }
+}
+
+/// Stores the 16 K-pair rows `w` of [`k_pair_words`] as one tile: an A tile when
+/// `a_layout` (transposed first), else a B tile; the words [`pack_tile`] packs from a view
+/// holding those values.
+///
+/// # Safety
+/// The CPU must have AVX-512F; `tile` must hold 256 words.
+#[inline]
+#[target_feature(enable = "avx512f")]
+pub(crate) unsafe fn store_k_pairs(w: &mut [__m512i; TILE], tile: &mut [u32], a_layout: bool) {
+    if a_layout {
+        transpose16(w);
+    }
+    for (dst, v) in tile[..TILE_WORDS].chunks_exact_mut(TILE).zip(w.iter()) {
+        _mm512_storeu_si512(dst.as_mut_ptr().cast(), *v);
+    }
 }
 
 #[cfg(test)]

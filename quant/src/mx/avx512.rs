@@ -211,6 +211,65 @@ pub(super) unsafe fn vertical_tile<F: Elem>(
     rand: Option<(RngKey, u64, u64)>,
     counts: &mut Counts,
 ) -> f32 {
+    // SAFETY: (caller) row i lies at `dst + i · ld`.
+    let store = |i: usize, y: __m512| unsafe { _mm512_storeu_ps(dst.add(i * ld), y) };
+    vertical_rows::<F>(c, src, ld, rand, counts, store)
+}
+
+/// [`vertical_tile`] packed straight into one BF16 GEMM tile (A tiles when `a_layout`,
+/// else B tiles): the tile's 16 rows are the 16 lanes, its K the 32 rows, the same words as
+/// packing [`vertical_tile`]'s output ([`crate::gemm::pack_avx512::pack_k_rows`]), with no
+/// f32 copy. Returns the largest lane amax.
+///
+/// # Safety
+/// As [`vertical_tile`] for `src`; the CPU must also have AVX-512BW, DQ and BF16; `tile`
+/// must hold 256 words.
+#[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512bf16,popcnt")]
+pub(super) unsafe fn vertical_tile_packed<F: Elem>(
+    c: &MxCast,
+    src: *const f32,
+    ld: usize,
+    rand: Option<(RngKey, u64, u64)>,
+    counts: &mut Counts,
+    (tile, a_layout): (&mut [u32], bool),
+) -> f32 {
+    use crate::gemm::pack_avx512::{k_pair_words, store_k_pairs};
+    let tile = &mut tile[..256];
+    // rows 2p and 2p + 1 make K pair p of the tile, packed as soon as both are out: a B
+    // tile's row p at once, an A tile's after the 16 rows are transposed
+    let (mut lo, mut w) = (_mm512_setzero_ps(), [_mm512_setzero_si512(); LANES]);
+    let amax = vertical_rows::<F>(c, src, ld, rand, counts, |i, y| {
+        if i % 2 == 0 {
+            lo = y;
+        } else if a_layout {
+            w[i / 2] = k_pair_words(lo, y);
+        } else {
+            let row = &mut tile[i / 2 * LANES..][..LANES];
+            // SAFETY: 16 words in bounds.
+            unsafe { _mm512_storeu_si512(row.as_mut_ptr().cast(), k_pair_words(lo, y)) };
+        }
+    });
+    if a_layout {
+        // SAFETY: (caller) the CPU has AVX-512F; `tile` holds a tile's words.
+        unsafe { store_k_pairs(&mut w, tile, true) };
+    }
+    amax
+}
+
+/// [`vertical_tile`]'s arithmetic, handing row `i`'s values to `emit(i, y)`.
+///
+/// # Safety
+/// As [`vertical_tile`] for `src`.
+#[inline]
+#[target_feature(enable = "avx512f,popcnt")]
+unsafe fn vertical_rows<F: Elem>(
+    c: &MxCast,
+    src: *const f32,
+    ld: usize,
+    rand: Option<(RngKey, u64, u64)>,
+    counts: &mut Counts,
+    mut emit: impl FnMut(usize, __m512),
+) -> f32 {
     let g = Grid::<F>::new();
     let n = &mut LaneCounts::new();
     let mut amax = _mm512_setzero_ps();
@@ -228,8 +287,7 @@ pub(super) unsafe fn vertical_tile<F: Elem>(
     match rand {
         None => {
             for i in 0..BLOCK {
-                let y = g.rne(_mm512_loadu_ps(src.add(i * ld)), mul, s, n);
-                _mm512_storeu_ps(dst.add(i * ld), y);
+                emit(i, g.rne(_mm512_loadu_ps(src.add(i * ld)), mul, s, n));
             }
         }
         Some((key, first, stride)) => {
@@ -240,8 +298,7 @@ pub(super) unsafe fn vertical_tile<F: Elem>(
                     // byte i of lane l's block: bits 8 (i % 4) .. of its word i / 4
                     let sh = _mm512_set1_epi32(8 * (i % 4) as i32);
                     let r = _mm512_and_si512(_mm512_srlv_epi32(words[i / 4], sh), g.byte);
-                    let y = g.sr(_mm512_loadu_ps(src.add(row * ld)), mul, s, r, n);
-                    _mm512_storeu_ps(dst.add(row * ld), y);
+                    emit(row, g.sr(_mm512_loadu_ps(src.add(row * ld)), mul, s, r, n));
                 }
             }
         }

@@ -525,6 +525,10 @@ pub(super) fn fake_quantize_packed(
 ) -> PanelStats {
     let merge = PanelStats::merge;
     if columnwise {
+        #[cfg(target_arch = "x86_64")]
+        if let Some(stats) = columnwise_whole_tiles_packed(x, (rows, cols), c, a_layout, buf) {
+            return stats;
+        }
         let pcols = rows.div_ceil(BLOCK) * BLOCK;
         let pack = crate::gemm::pack::pack_panels_chunk_major;
         return pack(cols, rows, a_layout, buf, merge, |r0, dst: &mut [f32]| {
@@ -558,6 +562,65 @@ pub(super) fn fake_quantize_packed(
             )
         })
     })
+}
+
+/// The columnwise operand `x: [rows, cols]` quantized and packed tile by tile into the
+/// chunk-major tiles of [`fake_quantize_packed`], each 32x16 tile of the source layout (one
+/// stored block per lane) going from the quantizing kernel to its packed words in registers
+/// ([`super::avx512::vertical_tile_packed`]): no f32 panel between, the same words. Where
+/// the AVX-512 kernel and packer run and the tiles are whole (`rows` a multiple of 32,
+/// `cols` of 16: the training shapes); `None` otherwise.
+#[cfg(target_arch = "x86_64")]
+fn columnwise_whole_tiles_packed(
+    x: &[f32],
+    (rows, cols): (usize, usize),
+    c: &MxCast,
+    a_layout: bool,
+    buf: &mut crate::gemm::TileWords,
+) -> Option<PanelStats> {
+    let whole = rows > 0 && cols > 0 && rows.is_multiple_of(BLOCK) && cols.is_multiple_of(LANES);
+    if !whole || Kernel::of(false) != Kernel::Avx512 || !crate::gemm::pack::wide_packing() {
+        return None;
+    }
+    assert_eq!(x.len(), rows * cols);
+    // stored rows (source columns) of `rows` values: the random-byte indexing of
+    // `vertical_panel`, whose padded stored row length is `rows` here
+    let pcols = rows;
+    let pack = crate::gemm::pack::fill_tiles_chunk_major;
+    Some(pack(
+        cols,
+        rows,
+        buf,
+        PanelStats::merge,
+        |i, t, words: &mut [u32]| {
+            let (r0, c0) = (t * BLOCK, i * LANES);
+            assert!((r0 + BLOCK - 1) * cols + c0 + LANES <= x.len());
+            let rand = c.sr.map(|key| {
+                let first = ((c0 * pcols) as u64 + 32 * t as u64) / 16;
+                (key, first, (pcols / 16) as u64)
+            });
+            let mut counts = super::Counts::default();
+            let src = x[r0 * cols + c0..].as_ptr();
+            let out = (words, a_layout);
+            // SAFETY: the AVX-512 kernel and packer run here (checked above); the tile's 32 rows
+            // of 16 lie inside `x` (asserted) at stride `cols`; `words` is one tile.
+            let amax = unsafe {
+                use super::avx512::vertical_tile_packed as tile;
+                match c.element {
+                    MxElement::E4M3 => tile::<E4M3>(c, src, cols, rand, &mut counts, out),
+                    MxElement::E5M2 => tile::<E5M2>(c, src, cols, rand, &mut counts, out),
+                    MxElement::E2M3 => tile::<E2M3>(c, src, cols, rand, &mut counts, out),
+                    MxElement::E3M2 => tile::<E3M2>(c, src, cols, rand, &mut counts, out),
+                    MxElement::E2M1 => tile::<E2M1>(c, src, cols, rand, &mut counts, out),
+                }
+            };
+            PanelStats {
+                clipped: counts.clipped,
+                amax,
+                non_finite: counts.bad,
+            }
+        },
+    ))
 }
 
 // ---------------------------------------------------------------------------------------
