@@ -248,28 +248,11 @@ fn packed_path_reports_non_finite_input() {
     }
     // columnwise MX on whole 32x16 tiles (`[K, outer]` tensors), quantized and packed in
     // registers: a NaN and an infinity
+    let mx = OperandQuant::mx(MxElement::E4M3, ScaleRule::Rceil);
     for bad in [f32::NAN, f32::INFINITY] {
         let mut a = data(k * m, 3);
         a[33 * m + 21] = bad;
-        let b = data(k * n, 4);
-        let q = OperandQuant::mx(MxElement::E4M3, ScaleRule::Rceil);
-        let xa = quantizer(&q, Usage::Columnwise, key).unwrap();
-        let xb = quantizer(&q, Usage::Columnwise, key).unwrap();
-        let r = quantized_matmul_tn_with(
-            Operand::new(MatRef::new(&a, k, m).unwrap(), xa),
-            Operand::new(MatRef::new(&b, k, n).unwrap(), xb),
-            &mut vec![0.0f32; m * n],
-            &mut GemmWorkspace::new(),
-        );
-        let want = xa.fake_quantize_into(
-            MatRef::new(&a, k, m).unwrap(),
-            &mut QuantState::new(),
-            &mut vec![0.0f32; m * k],
-        );
-        match (r, want) {
-            (Err(e), Err(w)) => assert_eq!(e.to_string(), w.to_string()),
-            (r, w) => panic!("columnwise MX, {bad}: {r:?} vs {w:?}"),
-        }
+        columnwise_error_is_the_quantizers(&mx, &a, (m, n, k), &format!("MX, {bad}"));
     }
     // columnwise with RHT (`[K, outer]` tensors, 16 whole columns): a NaN, and a column
     // whose Hadamard sums overflow
@@ -281,24 +264,36 @@ fn packed_path_reports_non_finite_input() {
         } else {
             a[at] = bad;
         }
-        let b = data(k * n, 4);
-        let xa = quantizer(&rht, Usage::Columnwise, key).unwrap();
-        let xb = quantizer(&rht, Usage::Columnwise, key).unwrap();
-        let r = quantized_matmul_tn_with(
-            Operand::new(MatRef::new(&a, k, m).unwrap(), xa),
-            Operand::new(MatRef::new(&b, k, n).unwrap(), xb),
-            &mut vec![0.0f32; m * n],
-            &mut GemmWorkspace::new(),
-        );
-        let want = xa.fake_quantize_into(
-            MatRef::new(&a, k, m).unwrap(),
-            &mut QuantState::new(),
-            &mut vec![0.0f32; m * k],
-        );
-        match (r, want) {
-            (Err(e), Err(w)) => assert_eq!(e.to_string(), w.to_string()),
-            (r, w) => panic!("columnwise RHT, {bad}: {r:?} vs {w:?}"),
-        }
+        columnwise_error_is_the_quantizers(&rht, &a, (m, n, k), &format!("RHT, {bad}"));
+    }
+}
+
+/// The GEMM of the columnwise operands `a: [K, M]` (bad input) and a finite `[K, N]`, both
+/// quantized with `q`, fails with the error `a`'s own quantization reports.
+fn columnwise_error_is_the_quantizers(
+    q: &OperandQuant,
+    a: &[f32],
+    (m, n, k): (usize, usize, usize),
+    what: &str,
+) {
+    let key = RngKey { seed: 1, stream: 2 };
+    let b = data(k * n, 4);
+    let xa = quantizer(q, Usage::Columnwise, key).unwrap();
+    let xb = quantizer(q, Usage::Columnwise, key).unwrap();
+    let r = quantized_matmul_tn_with(
+        Operand::new(MatRef::new(a, k, m).unwrap(), xa),
+        Operand::new(MatRef::new(&b, k, n).unwrap(), xb),
+        &mut vec![0.0f32; m * n],
+        &mut GemmWorkspace::new(),
+    );
+    let want = xa.fake_quantize_into(
+        MatRef::new(a, k, m).unwrap(),
+        &mut QuantState::new(),
+        &mut vec![0.0f32; m * k],
+    );
+    match (r, want) {
+        (Err(e), Err(w)) => assert_eq!(e.to_string(), w.to_string()),
+        (r, w) => panic!("columnwise {what}: {r:?} vs {w:?}"),
     }
 }
 

@@ -560,8 +560,7 @@ where
     if len == 0 {
         return S::default();
     }
-    let per_task =
-        (PANEL_ELEMS / (CHUNK * rows)).clamp(1, kc.div_ceil(2 * rayon::current_num_threads()));
+    let per_task = chunks_per_task(rows, kc);
     buf[..len]
         .par_chunks_mut(per_task * row_tiles * TILE_WORDS)
         .enumerate()
@@ -598,9 +597,7 @@ where
         return S::default();
     }
     let real = rows.div_ceil(TILE);
-    // as many chunks per task as one panel of `pack_panels_chunk_major` holds
-    let per_task =
-        (PANEL_ELEMS / (CHUNK * rows)).clamp(1, kc.div_ceil(2 * rayon::current_num_threads()));
+    let per_task = chunks_per_task(rows, kc);
     buf[..len]
         .par_chunks_mut(per_task * row_tiles * TILE_WORDS)
         .enumerate()
@@ -617,6 +614,12 @@ where
             stats
         })
         .reduce(S::default, merge)
+}
+
+/// Chunks of K per task of the chunk-major packings of an operand of `rows` rows and `kc`
+/// chunks: one panel of [`PANEL_ELEMS`] values, at most half a thread's share.
+fn chunks_per_task(rows: usize, kc: usize) -> usize {
+    (PANEL_ELEMS / (CHUNK * rows)).clamp(1, kc.div_ceil(2 * rayon::current_num_threads()))
 }
 
 /// The tiles of an `[rows, k]` operand: `(⌈k / 32⌉, packed_row_tiles(rows), words)`, with
