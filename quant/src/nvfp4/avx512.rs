@@ -480,6 +480,49 @@ unsafe fn rht_vertical_strip_impl(
     }
 }
 
+/// [`rht_vertical_strip`]'s arithmetic on one packed tile: the two 16x16 stretches of K
+/// rows `0 .. 32` and columns `0 .. 16` from `x` (row stride `ld`), transformed and
+/// quantized as there (`q` the first stretch's settings, the second's Philox block the next
+/// one), then packed two rows at a time into `tile` as a GEMM's A tile (`a_layout`) or B
+/// tile, the tile's 16 rows the 16 columns: the words packing their f32 values gives, with
+/// no f32 copy.
+///
+/// # Safety
+/// The CPU must support AVX-512F, BW, DQ and BF16; `x` must be valid for reads of 32 rows
+/// of 16 `f32` at row stride `ld`; `tile` must hold 256 words.
+#[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512bf16")]
+pub(super) unsafe fn rht_tile_packed(
+    x: *const f32,
+    ld: usize,
+    mask: u16,
+    q: Stretch<'_>,
+    (tile, a_layout): (&mut [u32], bool),
+) {
+    use crate::gemm::pack_avx512::{k_pair_words, store_k_pairs};
+    let flips = sign_flips(mask);
+    let hi16 = _mm512_set1_epi32(0xFFFF_0000u32 as i32);
+    let mut w = [_mm512_setzero_si512(); BLOCK];
+    for h in 0..2 {
+        // SAFETY: (caller) rows 16 h .. 16 h + 16 of the tile's 16 columns lie in `x`.
+        let mut v = unsafe { rht_block(x.add(h * BLOCK * ld), ld, &flips) };
+        for y in v.iter_mut() {
+            *y = _mm512_castsi512_ps(_mm512_and_si512(round_bf16(*y), hi16));
+        }
+        quantize_stretch(
+            &mut v,
+            Stretch {
+                first: q.first + h as u64,
+                ..q
+            },
+        );
+        for p in 0..BLOCK / 2 {
+            w[h * BLOCK / 2 + p] = k_pair_words(v[2 * p], v[2 * p + 1]);
+        }
+    }
+    // SAFETY: (caller) the CPU has AVX-512F; `tile` holds a tile's words.
+    unsafe { store_k_pairs(&mut w, tile, a_layout) };
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

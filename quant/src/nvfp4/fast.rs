@@ -908,6 +908,41 @@ pub(super) fn fake_quantize_packed_source(
     } else {
         Scaling::new(global_amax(x, plan)?, None).g
     };
+    #[cfg(target_arch = "x86_64")]
+    if let Some(mask) = plan.mask {
+        // whole 32 x 16 tiles: transformed, quantized and packed in registers
+        let whole = cols.is_multiple_of(BLOCK) && k.is_multiple_of(2 * BLOCK);
+        let wide = super::avx512::available() && crate::gemm::pack::wide_packing();
+        if whole && !plan.portable && wide {
+            let bpr = plan.blocks_per_row() as u64;
+            let fill = crate::gemm::pack::fill_tiles_chunk_major::<(), _>;
+            fill(
+                cols,
+                k,
+                buf,
+                |(), ()| (),
+                |i, t, words: &mut [u32]| {
+                    let (r0, c0) = (t * 2 * BLOCK, i * BLOCK);
+                    assert!((r0 + 2 * BLOCK - 1) * cols + c0 + BLOCK <= x.len());
+                    let q = super::avx512::Stretch {
+                        tile2d: plan.tile2d,
+                        sr: plan.sr,
+                        g: &g,
+                        key: plan.key,
+                        first: (r0 / BLOCK) as u64 + c0 as u64 * bpr,
+                        stride: bpr,
+                    };
+                    // SAFETY: the CPU has AVX-512F/BW/DQ and AVX512_BF16 (`wide_packing`); the
+                    // tile's 32 rows of 16 lie inside `x` (asserted); `words` is one tile.
+                    unsafe {
+                        let src = x.as_ptr().add(r0 * cols + c0);
+                        super::avx512::rht_tile_packed(src, cols, mask, q, (words, a_layout))
+                    }
+                },
+            );
+            return Ok(Some(g.s_dec));
+        }
+    }
     let pack = crate::gemm::pack::pack_panels_chunk_major::<(), _>;
     pack(
         cols,
