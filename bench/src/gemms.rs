@@ -121,6 +121,7 @@ pub fn suite(threads: usize, rounds: usize) -> Result<Vec<Metric>> {
         .filter_map(|&(u, _)| PairedProbe::new(u, threads, 5e-4).map(|p| (u, p)))
         .collect();
     let probe = |u: Unit| probes.iter().find(|(x, _)| *x == u).map(|(_, p)| *p);
+    let peak = |u: Unit| peaks.iter().find(|(x, _)| *x == u).and_then(|(_, p)| *p);
     let bf16_unit = match quant::gemm::bf16::quantized_gemm_arithmetic() {
         Some(Bf16Arithmetic::Tiles) => Unit::Amx,
         Some(Bf16Arithmetic::Pairs) if fp_formats::cpu::has_avx512_bf16() => Unit::Dpbf16,
@@ -265,6 +266,14 @@ pub fn suite(threads: usize, rounds: usize) -> Result<Vec<Metric>> {
             }
         }
         let r = run_rounds(&mut cases, rounds, 3, Clock::Wall);
+        // each unit's peak in this shape's rounds: its probe's fastest round, or the peak
+        // measured at the start if that was higher (a probe call on a pool can wait for a
+        // sleeping thread; no GEMM reads more than the larger of the two)
+        let peak_here = |u: Unit| -> Option<f64> {
+            let p = probe(u).filter(|_| timed.contains(&u))?;
+            let paired = p.flops() / r.best_secs(probe_case(u)) / 1e9;
+            Some(peak(u).map_or(paired, |first| first.max(paired)))
+        };
         let flops = 2.0 * (m * n * k) as f64;
         let shape = format!("{m}x{n}x{k}, {threads} thread(s)");
         // each case, the unit whose peak it is measured against, and the pass timing its
@@ -302,12 +311,7 @@ pub fn suite(threads: usize, rounds: usize) -> Result<Vec<Metric>> {
                 Better::Higher,
                 format!("{case} GEMM, {shape}"),
             ));
-            // (flops / case time) / (probe flops / probe time), per round
-            let of_peak = timed
-                .contains(&unit)
-                .then(|| probe(unit))
-                .flatten()
-                .map(|p| flops / p.flops() * r.ratio(probe_case(unit), case).0);
+            let of_peak = peak_here(unit).map(|p| g / p);
             if let Some(f) = of_peak {
                 out.push(Metric::absolute(
                     format!("quant/gemm_{case}_{name}/of_peak_{threads}t"),
@@ -337,8 +341,8 @@ pub fn suite(threads: usize, rounds: usize) -> Result<Vec<Metric>> {
         // the roofline's share of each unit's peak: the most of it any GEMM of these f32
         // operands can reach, its arithmetic at the peak against one pass of its least traffic
         for &u in &timed {
-            let p = probe(u).expect("timed units have probes");
-            let at_peak = flops / p.flops() * r.ratio(probe_case(u), "traffic").0;
+            let p = peak_here(u).expect("timed units have probes");
+            let at_peak = flops / (p * 1e9) / r.median_secs("traffic");
             out.push(Metric::absolute(
                 format!("quant/roofline_{}_{name}/of_peak_{threads}t", u.name()),
                 at_peak.min(1.0),

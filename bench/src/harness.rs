@@ -240,6 +240,14 @@ impl Rounds {
             .unwrap_or_else(|| panic!("no case named {name}"))
     }
 
+    /// The fastest round's seconds of a case.
+    pub fn best_secs(&self, name: &str) -> f64 {
+        self.times[self.index(name)]
+            .iter()
+            .copied()
+            .fold(f64::INFINITY, f64::min)
+    }
+
     /// Median seconds of a case over the rounds.
     pub fn median_secs(&self, name: &str) -> f64 {
         median_and_spread(&self.times[self.index(name)]).0

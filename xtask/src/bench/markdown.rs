@@ -315,7 +315,7 @@ fn gemms(s: &mut String, metrics: &[Metric]) {
     let (pairs, alone) = (has("bf16_pairs"), has("bf16_prepacked"));
     let _ = writeln!(
         s,
-        "\nGEMMs on the training shapes (reported), GFLOP/s (fraction of the instruction's peak, its probe timed in the same rounds; fraction of the roofline, the longer of that peak's arithmetic and one pass reading both f32 operands and writing the output), 1 / 2 threads. Peaks: f32 on FP32 FMA; the others on the BF16 unit their GEMM runs on, AMX-BF16 or else `vdpbf16ps` where present, else FP32 FMA. The NVFP4 and MXFP8 GEMMs include quantizing their f32 operands.{} Peaks here: FP32 FMA {} / {}, `vdpbf16ps` {} / {}, AMX-BF16 {} / {} GFLOP/s.\n\n| shape (M x N x K) | f32 | bf16 | nvfp4 | mxfp8 | bf16 over f32 |{}\n|---|---:|---:|---:|---:|---:|{}",
+        "\nGEMMs on the training shapes (reported), GFLOP/s (fraction of the instruction's peak, the higher of the one measured first and its probe's fastest round beside the GEMMs; fraction of the roofline, the longer of that peak's arithmetic and one pass reading both f32 operands and writing the output), 1 / 2 threads. Peaks: f32 on FP32 FMA; the others on the BF16 unit their GEMM runs on, AMX-BF16 or else `vdpbf16ps` where present, else FP32 FMA. The NVFP4 and MXFP8 GEMMs include quantizing their f32 operands.{} Peaks here: FP32 FMA {} / {}, `vdpbf16ps` {} / {}, AMX-BF16 {} / {} GFLOP/s.\n\n| shape (M x N x K) | f32 | bf16 | nvfp4 | mxfp8 | bf16 over f32 |{}\n|---|---:|---:|---:|---:|---:|{}",
         if alone {
             " `bf16 kernel alone` times the BF16 GEMM's kernel on the same operands packed once (no f32 operand read, rounded or packed; the f32 output still written), its roofline from one pass reading the packed tiles and writing the output."
         } else {
@@ -406,7 +406,7 @@ fn roofline_shares(s: &mut String, metrics: &[Metric], shapes: &[&str]) {
     }
     let _ = writeln!(
         s,
-        "\nThe most of each unit's peak that any GEMM of these f32 operands can reach, 1 / 2 threads: the time of its arithmetic at the peak over the longer of that and one pass reading both operands and writing the output (the roofline, timed in the same rounds; 1.00 where the arithmetic is the longer):\n\n| shape (M x N x K) |{}\n|---|{}",
+        "\nThe most of each unit's peak that any GEMM of these f32 operands can reach, 1 / 2 threads: the time of its arithmetic at the peak over the longer of that and one pass reading both operands and writing the output (the roofline, the pass timed in the same rounds; 1.00 where the arithmetic is the longer):\n\n| shape (M x N x K) |{}\n|---|{}",
         units.iter().map(|(_, n)| format!(" {n} |")).collect::<String>(),
         "---:|".repeat(units.len()),
     );
