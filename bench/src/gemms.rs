@@ -261,7 +261,7 @@ pub fn suite(threads: usize, rounds: usize) -> Result<Vec<Metric>> {
         let mut timed: Vec<Unit> = Vec::new();
         for u in units_here {
             if let (false, Some(p)) = (timed.contains(&u), probe(u)) {
-                cases.push(Case::new(probe_case(u), move || p.run()));
+                cases.push(Case::new(u.name(), move || p.run()));
                 timed.push(u);
             }
         }
@@ -271,7 +271,7 @@ pub fn suite(threads: usize, rounds: usize) -> Result<Vec<Metric>> {
         // sleeping thread; no GEMM reads more than the larger of the two)
         let peak_here = |u: Unit| -> Option<f64> {
             let p = probe(u).filter(|_| timed.contains(&u))?;
-            let paired = p.flops() / r.best_secs(probe_case(u)) / 1e9;
+            let paired = p.flops() / r.best_secs(u.name()) / 1e9;
             Some(peak(u).map_or(paired, |first| first.max(paired)))
         };
         let flops = 2.0 * (m * n * k) as f64;
@@ -374,16 +374,6 @@ pub fn suite(threads: usize, rounds: usize) -> Result<Vec<Metric>> {
         })?;
     }
     Ok(out)
-}
-
-/// The case name of `unit`'s paired probe ([`PairedProbe`]).
-fn probe_case(unit: Unit) -> &'static str {
-    match unit {
-        Unit::Fma => "peak_fp32_fma",
-        Unit::Dpbf16 => "peak_bf16_dot",
-        Unit::Amx => "peak_amx_bf16",
-        Unit::ByteDot => "peak_byte_dot",
-    }
 }
 
 /// Reads every value of `a` and `b` once and writes every value of `out` once, in parallel on

@@ -91,22 +91,15 @@ impl PairedProbe {
     /// this CPU (or `NIBBLE_FORCE_PORTABLE`) rules the unit out.
     pub fn new(unit: Unit, threads: usize, secs: f64) -> Option<PairedProbe> {
         probe(unit, 1)?;
-        let mut iters = 256usize;
-        loop {
-            let t = Instant::now();
-            probe(unit, iters);
-            let took = t.elapsed().as_secs_f64();
-            if took > secs / 4.0 || iters >= 1 << 30 {
-                let iters = ((iters as f64) * secs / took.max(1e-9)).clamp(1.0, 1e9) as usize;
-                return Some(PairedProbe {
-                    unit,
-                    threads,
-                    iters,
-                    flops: probe(unit, iters)?,
-                });
-            }
-            iters *= 4;
-        }
+        let iters = iters_for(secs, |iters| {
+            std::hint::black_box(probe(unit, iters));
+        });
+        Some(PairedProbe {
+            unit,
+            threads,
+            iters,
+            flops: probe(unit, iters)?,
+        })
     }
 
     /// Runs one call: every thread of the current pool's first `threads` runs the probe.
@@ -148,15 +141,20 @@ pub fn scaling_work(pool: &rayon::ThreadPool, units: usize, iters: usize) {
 /// Rounds of [`scaling_work`] for one unit to take about `secs` on this thread.
 pub fn scaling_iters(secs: f64) -> anyhow::Result<usize> {
     let one = pool(1)?;
+    Ok(iters_for(secs, |iters| scaling_work(&one, 1, iters)))
+}
+
+/// The iteration count for which one `run(iters)` on this thread takes about `secs`:
+/// quadrupled from 1024 until a run takes over a quarter of it, then scaled to it.
+fn iters_for(secs: f64, run: impl Fn(usize)) -> usize {
     let mut iters = 1usize << 10;
     loop {
         let t = Instant::now();
-        scaling_work(&one, 1, iters);
+        run(iters);
         let took = t.elapsed().as_secs_f64();
         if took > secs / 4.0 || iters >= 1 << 30 {
-            return Ok(
-                ((iters as f64) * secs / took.max(1e-9)).clamp(1.0, (1u64 << 32) as f64) as usize,
-            );
+            return ((iters as f64) * secs / took.max(1e-9)).clamp(1.0, (1u64 << 32) as f64)
+                as usize;
         }
         iters *= 4;
     }

@@ -218,8 +218,9 @@ pub(super) unsafe fn vertical_tile<F: Elem>(
 
 /// [`vertical_tile`] packed straight into one BF16 GEMM tile (A tiles when `a_layout`,
 /// else B tiles): the tile's 16 rows are the 16 lanes, its K the 32 rows, the same words as
-/// packing [`vertical_tile`]'s output ([`crate::gemm::pack_avx512::pack_k_rows`]), with no
-/// f32 copy. Returns the largest lane amax.
+/// packing [`vertical_tile`]'s output, two rows at a time as they come out
+/// ([`crate::gemm::pack_avx512::k_pair_words`]), with no f32 copy. Returns the largest lane
+/// amax.
 ///
 /// # Safety
 /// As [`vertical_tile`] for `src`; the CPU must also have AVX-512BW, DQ and BF16; `tile`
@@ -234,7 +235,7 @@ pub(super) unsafe fn vertical_tile_packed<F: Elem>(
     (tile, a_layout): (&mut [u32], bool),
 ) -> f32 {
     use crate::gemm::pack_avx512::{k_pair_words, store_k_pairs};
-    let tile = &mut tile[..256];
+    let tile = &mut tile[..LANES * LANES];
     // rows 2p and 2p + 1 make K pair p of the tile, packed as soon as both are out: a B
     // tile's row p at once, an A tile's after the 16 rows are transposed
     let (mut lo, mut w) = (_mm512_setzero_ps(), [_mm512_setzero_si512(); LANES]);

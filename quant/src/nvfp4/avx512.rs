@@ -464,20 +464,40 @@ unsafe fn rht_vertical_strip_impl(
     q: Stretch<'_>,
 ) {
     let flips = sign_flips(mask);
-    let hi16 = _mm512_set1_epi32(0xFFFF_0000u32 as i32);
     for c in (0..n).step_by(BLOCK) {
-        // SAFETY: the 16 rows of columns c .. c + 16 lie inside the strip.
-        let mut v = rht_block(x.add(c), ld, &flips);
-        for y in v.iter_mut() {
-            *y = _mm512_castsi512_ps(_mm512_and_si512(round_bf16(*y), hi16));
-        }
         let first = q.first + c as u64 * q.stride;
-        quantize_stretch(&mut v, Stretch { first, ..q });
+        // SAFETY: the 16 rows of columns c .. c + 16 lie inside the strip.
+        let v = rht_quantized_stretch(x.add(c), ld, &flips, Stretch { first, ..q });
         for (i, row) in v.iter().enumerate() {
             // SAFETY: as above.
             _mm512_storeu_ps(dst.add(i * ld + c), *row);
         }
     }
+}
+
+/// The 16x16 stretch at `x` (row stride `ld`) Hadamard-transformed along its rows (the
+/// signs `flips`), each transformed value rounded to BF16, then fake-quantized with `q`:
+/// [`rht_vertical_strip`]'s arithmetic on one stretch, row `i` in the result's `i`.
+///
+/// # Safety
+/// The CPU must support AVX-512F; `x` must be valid for reads of 16 rows of 16 `f32` at
+/// row stride `ld`.
+#[inline]
+#[target_feature(enable = "avx512f")]
+unsafe fn rht_quantized_stretch(
+    x: *const f32,
+    ld: usize,
+    flips: &[__m512i; BLOCK],
+    q: Stretch<'_>,
+) -> [__m512; BLOCK] {
+    let hi16 = _mm512_set1_epi32(0xFFFF_0000u32 as i32);
+    // SAFETY: (caller) the stretch lies in `x`.
+    let mut v = unsafe { rht_block(x, ld, flips) };
+    for y in v.iter_mut() {
+        *y = _mm512_castsi512_ps(_mm512_and_si512(round_bf16(*y), hi16));
+    }
+    quantize_stretch(&mut v, q);
+    v
 }
 
 /// [`rht_vertical_strip`]'s arithmetic on one packed tile: the two 16x16 stretches of K
@@ -500,21 +520,13 @@ pub(super) unsafe fn rht_tile_packed(
 ) {
     use crate::gemm::pack_avx512::{k_pair_words, store_k_pairs};
     let flips = sign_flips(mask);
-    let hi16 = _mm512_set1_epi32(0xFFFF_0000u32 as i32);
     let mut w = [_mm512_setzero_si512(); BLOCK];
     for h in 0..2 {
+        let first = q.first + h as u64;
         // SAFETY: (caller) rows 16 h .. 16 h + 16 of the tile's 16 columns lie in `x`.
-        let mut v = unsafe { rht_block(x.add(h * BLOCK * ld), ld, &flips) };
-        for y in v.iter_mut() {
-            *y = _mm512_castsi512_ps(_mm512_and_si512(round_bf16(*y), hi16));
-        }
-        quantize_stretch(
-            &mut v,
-            Stretch {
-                first: q.first + h as u64,
-                ..q
-            },
-        );
+        let v = unsafe {
+            rht_quantized_stretch(x.add(h * BLOCK * ld), ld, &flips, Stretch { first, ..q })
+        };
         for p in 0..BLOCK / 2 {
             w[h * BLOCK / 2 + p] = k_pair_words(v[2 * p], v[2 * p + 1]);
         }
