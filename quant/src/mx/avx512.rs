@@ -15,7 +15,7 @@
 use std::arch::x86_64::*;
 use std::marker::PhantomData;
 
-use fp_formats::mx::BLOCK;
+use fp_formats::mx::{ScaleRule, BLOCK};
 
 use super::{Counts, MxCast};
 use crate::grid::avx512::{block_maxima, lanes, round_sr, signed_product};
@@ -52,6 +52,74 @@ impl LaneCounts {
         n.clipped += _mm512_reduce_add_epi32(self.clipped) as u32 as usize;
         n.bad |= self.bad != 0;
     }
+}
+
+/// [`MxCast::block_scale`] on 16 lanes, bit for bit: lane `k`'s element multiplier and
+/// scale value for the block whose largest magnitude is lane `k` of `amax` (non-negative, or
+/// non-finite: then both are NaN, as the scalar rule gives). Every [`ScaleRule`] is plain
+/// integer arithmetic on the bits of the amax (Rceil on those of `amax · (1 / MAX)`, the
+/// same IEEE multiply), clamped to the format's largest scale; the value `2^(b - 127)` and
+/// the exact reciprocal `2^(127 - b)` are built from their codes, `b = 0` giving the f32
+/// subnormal 2^-127. Replaces sixteen scalar calls per group of blocks, which took about a
+/// fifth of the columnwise MXFP8 quantization's time.
+#[inline]
+#[target_feature(enable = "avx512f")]
+fn block_scales_x16<F: Elem>(c: &MxCast, amax: __m512) -> (__m512, __m512) {
+    let set = _mm512_set1_epi32;
+    let bits = _mm512_and_si512(_mm512_castps_si512(amax), set(0x7FFF_FFFF));
+    let finite = _mm512_cmplt_epu32_mask(bits, set(0x7F80_0000));
+    let exp_field = |b: __m512i| _mm512_srli_epi32::<23>(b);
+    let nonzero_mantissa = |b: __m512i| _mm512_test_epi32_mask(b, set(0x007F_FFFF));
+    // `E8M0::from_exponent_clamped(e - EMAX)` for the exponent field `f` (`e = f - 127`)
+    let clamped = |f: __m512i| {
+        let b = _mm512_sub_epi32(f, set(F::EMAX));
+        _mm512_max_epi32(_mm512_min_epi32(b, set(254)), _mm512_setzero_si512())
+    };
+    let one = set(1);
+    let code = match c.rule {
+        ScaleRule::Rceil => {
+            let d = _mm512_mul_ps(_mm512_castsi512_ps(bits), _mm512_set1_ps(1.0 / F::MAX));
+            let d = _mm512_castps_si512(d);
+            let f = exp_field(d);
+            // an f32 subnormal `d` rounds up to 2^-127 unless it is at most 2^-127
+            let sub = _mm512_maskz_mov_epi32(_mm512_cmpgt_epu32_mask(d, set(0x0040_0000)), one);
+            let normal = _mm512_mask_add_epi32(f, nonzero_mantissa(d), f, one);
+            let b = _mm512_mask_blend_epi32(
+                _mm512_cmpeq_epi32_mask(f, _mm512_setzero_si512()),
+                normal,
+                sub,
+            );
+            _mm512_min_epu32(b, set(0xFE))
+        }
+        ScaleRule::Floor => clamped(exp_field(bits)),
+        ScaleRule::Even => {
+            let half = set(1 << (23 - F::MANTISSA_BITS - 1));
+            clamped(exp_field(_mm512_add_epi32(bits, half)))
+        }
+        ScaleRule::Ceil => {
+            let f = exp_field(bits);
+            clamped(_mm512_mask_add_epi32(f, nonzero_mantissa(bits), f, one))
+        }
+    };
+    let code = _mm512_min_epu32(code, set(254 - F::EMAX));
+    let nan = set(f32::NAN.to_bits() as i32);
+    // `E8M0::value` of codes 0 ..= 254, NaN where the amax is not finite
+    let value = |b: __m512i| {
+        let v = _mm512_slli_epi32::<23>(b);
+        let v = _mm512_mask_mov_epi32(
+            v,
+            _mm512_cmpeq_epi32_mask(b, _mm512_setzero_si512()),
+            set(0x0040_0000),
+        );
+        _mm512_castsi512_ps(_mm512_mask_mov_epi32(nan, finite, v))
+    };
+    let inv = value(_mm512_sub_epi32(set(254), code));
+    let mul = if c.prescale {
+        _mm512_mul_ps(inv, _mm512_set1_ps(0.75))
+    } else {
+        inv
+    };
+    (mul, value(code))
 }
 
 /// The broadcast constants of `F`'s grid arithmetic.
@@ -163,13 +231,13 @@ pub(super) unsafe fn row_blocks<F: Elem>(
             let (x0, x1) = (_mm512_loadu_ps(p), _mm512_loadu_ps(p.add(LANES)));
             *m = _mm512_max_ps(_mm512_abs_ps(x0), _mm512_abs_ps(x1));
         }
-        let m = lanes(block_maxima(&m));
-        let (mut muls, mut scales) = ([0.0f32; LANES], [0.0f32; LANES]);
-        for k in 0..nb {
-            amax = max(amax, m[k]);
-            let (scale, mul) = c.block_scale::<F>(m[k]);
-            (muls[k], scales[k]) = (mul, scale.value());
+        let maxima = block_maxima(&m);
+        let m = lanes(maxima);
+        for &mk in &m[..nb] {
+            amax = max(amax, mk);
         }
+        let (muls, scales) = block_scales_x16::<F>(c, maxima);
+        let (muls, scales) = (lanes(muls), lanes(scales));
         for k in 0..nb {
             let b = b0 + k;
             let (x0, x1) = (
@@ -277,14 +345,8 @@ unsafe fn vertical_rows<F: Elem>(
     for i in 0..BLOCK {
         amax = _mm512_max_ps(amax, _mm512_abs_ps(_mm512_loadu_ps(src.add(i * ld))));
     }
-    let mut am = [0.0f32; LANES];
-    _mm512_storeu_ps(am.as_mut_ptr(), amax);
-    let (mut mul, mut sv) = ([0.0f32; LANES], [0.0f32; LANES]);
-    for j in 0..LANES {
-        let (scale, m) = c.block_scale::<F>(am[j]);
-        (mul[j], sv[j]) = (m, scale.value());
-    }
-    let (mul, s) = (_mm512_loadu_ps(mul.as_ptr()), _mm512_loadu_ps(sv.as_ptr()));
+    let am = lanes(amax);
+    let (mul, s) = block_scales_x16::<F>(c, amax);
     match rand {
         None => {
             for i in 0..BLOCK {
@@ -306,4 +368,92 @@ unsafe fn vertical_rows<F: Elem>(
     }
     n.add_to(counts);
     am.iter().fold(0.0f32, |m, &a| max(m, a))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::Rht;
+    use fp_formats::mx::MxElement;
+    use fp_formats::{E2M1, E2M3, E3M2, E4M3, E5M2};
+
+    /// Block amaxes that reach every branch of every scale rule: each exponent field with
+    /// mantissas at and around the rounding points (Even's half, Rceil's subnormal 2^-127),
+    /// the neighbours of `MAX · 2^k` where Rceil's quotient crosses a power of two, zero,
+    /// the largest finite value, infinity and NaN.
+    fn amaxes<F: Elem>() -> Vec<f32> {
+        let mut v = Vec::new();
+        for f in 0u32..=255 {
+            for m in [
+                0u32, 1, 2, 0x1F_FFFF, 0x20_0000, 0x3F_FFFF, 0x40_0000, 0x40_0001, 0x7F_FFFF,
+            ] {
+                v.push(f32::from_bits(f << 23 | m));
+            }
+            for m in (0..0x80_0000).step_by(0x7_3FF1) {
+                v.push(f32::from_bits(f << 23 | m));
+            }
+        }
+        for k in -150..130 {
+            let b = (F::MAX * 2f32.powi(k)).to_bits();
+            for d in -3i32..=3 {
+                v.push(f32::from_bits(b.wrapping_add_signed(d)));
+            }
+        }
+        v.extend([0.0, f32::MIN_POSITIVE, f32::MAX, f32::INFINITY, f32::NAN]);
+        v.retain(|x| !x.is_sign_negative());
+        v
+    }
+
+    fn check<F: Elem>(element: MxElement) {
+        let xs = amaxes::<F>();
+        for rule in [
+            ScaleRule::Rceil,
+            ScaleRule::Floor,
+            ScaleRule::Even,
+            ScaleRule::Ceil,
+        ] {
+            for prescale in [false, true] {
+                let c = MxCast {
+                    element,
+                    rule,
+                    sr: None,
+                    prescale,
+                    rht: Rht::Off,
+                    key: RngKey { seed: 0, stream: 0 },
+                };
+                for group in xs.chunks(LANES) {
+                    let mut a = [0.0f32; LANES];
+                    a[..group.len()].copy_from_slice(group);
+                    // SAFETY: AVX-512F is present (checked by the caller); 16 f32.
+                    let (mul, s) =
+                        unsafe { block_scales_x16::<F>(&c, _mm512_loadu_ps(a.as_ptr())) };
+                    let (mul, s) = unsafe { (lanes(mul), lanes(s)) };
+                    for (k, &x) in a.iter().enumerate() {
+                        let (scale, m) = c.block_scale::<F>(x);
+                        let what = format!(
+                            "{element:?} {rule:?} prescale {prescale}, amax {x:e} ({:#x})",
+                            x.to_bits()
+                        );
+                        assert_eq!(mul[k].to_bits(), m.to_bits(), "multiplier, {what}");
+                        assert_eq!(s[k].to_bits(), scale.value().to_bits(), "scale, {what}");
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn block_scales_x16_equal_the_scalar_rule() {
+        if !available() {
+            eprintln!(
+                "SKIP: the AVX-512 kernels do not run here (no AVX-512F, or NIBBLE_FORCE_PORTABLE)"
+            );
+            return;
+        }
+        check::<E4M3>(MxElement::E4M3);
+        check::<E5M2>(MxElement::E5M2);
+        check::<E2M3>(MxElement::E2M3);
+        check::<E3M2>(MxElement::E3M2);
+        check::<E2M1>(MxElement::E2M1);
+    }
 }
