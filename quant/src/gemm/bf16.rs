@@ -613,6 +613,16 @@ fn gemm_sides(
     };
     assert!(pb.len() >= nb * 2 * kc * TILE_WORDS);
     let pa = &ws.a[..];
+    let (la, lb) = (Layout::of(&a, kc, mb * 2), Layout::of(&b, kc, nb * 2));
+    if a_view.is_none()
+        && rayon::current_num_threads() > 1
+        && m * n * k > ONE_TASK_PRODUCT
+        && nb * 2 * kc <= SLAB_B_TILES
+    {
+        let tiles = (pa, la, pb, lb);
+        block_tasks(unit, tiles, (m, n, kc), out, alpha);
+        return;
+    }
     // Each task owns a group of 32-row blocks of the output (written by it alone) and runs
     // over K in slabs of `slab` chunks, and within a slab over B in panels of at most
     // `PANEL_BLOCKS` column blocks, all its blocks per panel, so that the panel's slab of
@@ -620,7 +630,6 @@ fn gemm_sides(
     // still takes its chunks in order (the tiles are stored and reloaded exactly between
     // slabs), so its bits do not depend on the grouping, the slab size, the panels or the
     // thread count.
-    let (la, lb) = (Layout::of(&a, kc, mb * 2), Layout::of(&b, kc, nb * 2));
     let panel = nb.min(PANEL_BLOCKS);
     let slab = slab_chunks(kc, panel);
     // with several panels, a task's A blocks of a slab are packed once for all of them
@@ -702,6 +711,64 @@ fn gemm_sides(
             }
             A_BLOCK.with(|cell| cell.set(own));
         });
+}
+
+/// The output, shared by the tasks of [`block_tasks`] (each writes its own block).
+#[derive(Clone, Copy)]
+struct SharedOut(*mut f32);
+// SAFETY: the tasks write disjoint blocks of the output while the caller holds it.
+unsafe impl Send for SharedOut {}
+unsafe impl Sync for SharedOut {}
+
+impl SharedOut {
+    fn get(self) -> *mut f32 {
+        self.0
+    }
+}
+
+/// `out = alpha · (A · Bᵀ)` (`[m, n]`, `kc` chunks) from packed tiles of both operands, one
+/// task per 32 x 32 output block, row block by row block, each over all of K in a local
+/// accumulator and then copied out. For A packed whole beforehand (the Wgrad operands) and
+/// a B whose tiles stay in a core's L2: tasks of whole row blocks cannot keep two threads
+/// equally busy when the row blocks do not divide evenly between them (the `small` preset's
+/// Wgrad has 11, so one thread took 6 and the other 5, and M = 320 and 384 ran as long as
+/// each other). Each element still takes its chunks in order, so the bits are those of the
+/// row-block tasks.
+fn block_tasks(
+    unit: Unit,
+    (pa, la, pb, lb): (&[u32], Layout, &[u32], Layout),
+    (m, n, kc): (usize, usize, usize),
+    out: &mut [f32],
+    alpha: f32,
+) {
+    let (mb, nb) = (m.div_ceil(BLOCK), n.div_ceil(BLOCK));
+    let shared = SharedOut(out.as_mut_ptr());
+    (0..mb * nb).into_par_iter().for_each_init(
+        || {
+            #[cfg(target_arch = "x86_64")]
+            let cfg = (unit == Unit::Amx).then(super::amx::TileConfig::load);
+            #[cfg(not(target_arch = "x86_64"))]
+            let cfg = ();
+            (cfg, [0.0f32; BLOCK * BLOCK])
+        },
+        |(_, c), u| {
+            let (ib, jb) = (u / nb, u % nb);
+            let (m_here, n_here) = ((m - ib * BLOCK).min(BLOCK), (n - jb * BLOCK).min(BLOCK));
+            let tiles = (la.tiles(pa, ib, 0, kc), lb.tiles(pb, jb, 0, kc), kc);
+            block(unit, tiles, false, c, BLOCK, m_here);
+            if alpha != 1.0 {
+                scale_block(c, BLOCK, m_here, alpha);
+            }
+            for r in 0..m_here {
+                // SAFETY: row `ib · 32 + r` < m, columns `jb · 32 ..` + n_here <= n: inside
+                // `out` (m · n elements), in this task's block, which no other task writes.
+                unsafe {
+                    let dst = shared.get().add((ib * BLOCK + r) * n + jb * BLOCK);
+                    std::ptr::copy_nonoverlapping(c[r * BLOCK..].as_ptr(), dst, n_here);
+                }
+            }
+        },
+    );
 }
 
 /// `x *= alpha` on the first `rows` rows of a 32-wide block at row stride `ld`.
