@@ -617,9 +617,18 @@ where
 }
 
 /// Chunks of K per task of the chunk-major packings of an operand of `rows` rows and `kc`
-/// chunks: one panel of [`PANEL_ELEMS`] values, at most half a thread's share.
+/// chunks: one panel of [`PANEL_ELEMS`] values, at most half a thread's share, and fewer
+/// where that makes the tasks split evenly between the threads (the `small` Wgrad's dY, 64
+/// chunks of 352 rows: 16 tasks of 4 rather than 13 of 5, which left one of two threads a
+/// task more than the other).
 fn chunks_per_task(rows: usize, kc: usize) -> usize {
-    (PANEL_ELEMS / (CHUNK * rows)).clamp(1, kc.div_ceil(2 * rayon::current_num_threads()))
+    let threads = rayon::current_num_threads();
+    let most = (PANEL_ELEMS / (CHUNK * rows)).clamp(1, kc.div_ceil(2 * threads));
+    (1..=most)
+        .rev()
+        .find(|&c| kc.div_ceil(c).is_multiple_of(threads) && kc.is_multiple_of(c))
+        .filter(|&c| 2 * c >= most)
+        .unwrap_or(most)
 }
 
 /// The tiles of an `[rows, k]` operand: `(⌈k / 32⌉, packed_row_tiles(rows), words)`, with
