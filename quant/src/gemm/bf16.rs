@@ -615,9 +615,10 @@ fn gemm_sides(
     let pa = &ws.a[..];
     let (la, lb) = (Layout::of(&a, kc, mb * 2), Layout::of(&b, kc, nb * 2));
     if a_view.is_none()
-        && rayon::current_num_threads() > 1
+        && unit != Unit::Amx
         && m * n * k > ONE_TASK_PRODUCT
         && nb * 2 * kc <= SLAB_B_TILES
+        && uneven_row_groups(mb, rayon::current_num_threads())
     {
         let tiles = (pa, la, pb, lb);
         block_tasks(unit, tiles, (m, n, kc), out, alpha);
@@ -713,6 +714,21 @@ fn gemm_sides(
         });
 }
 
+/// Whether the row-block groups of [`gemm_sides`] (`⌈mb / 2T⌉` blocks each) leave the
+/// busiest of `threads` threads more than 5% above an even share of the `mb` row blocks:
+/// then [`block_tasks`] splits the output finer. (Where the groups divide evenly, as for
+/// the 64 row blocks of a training step's Fprop and Dgrad, the finer tasks only cost: one per
+/// 32 x 32 block of a K = 128 product is a few microseconds of work, and the recipes' steps
+/// ran 2-5% slower with every product split so.)
+fn uneven_row_groups(mb: usize, threads: usize) -> bool {
+    if threads <= 1 {
+        return false;
+    }
+    let group = mb.div_ceil(2 * threads);
+    let busiest = mb.div_ceil(group).div_ceil(threads) * group;
+    busiest * 100 > mb * 105 / threads
+}
+
 /// The output, shared by the tasks of [`block_tasks`] (each writes its own block).
 #[derive(Clone, Copy)]
 struct SharedOut(*mut f32);
@@ -728,12 +744,14 @@ impl SharedOut {
 
 /// `out = alpha · (A · Bᵀ)` (`[m, n]`, `kc` chunks) from packed tiles of both operands, one
 /// task per 32 x 32 output block, row block by row block, each over all of K in a local
-/// accumulator and then copied out. For A packed whole beforehand (the Wgrad operands) and
-/// a B whose tiles stay in a core's L2: tasks of whole row blocks cannot keep two threads
-/// equally busy when the row blocks do not divide evenly between them (the `small` preset's
-/// Wgrad has 11, so one thread took 6 and the other 5, and M = 320 and 384 ran as long as
-/// each other). Each element still takes its chunks in order, so the bits are those of the
-/// row-block tasks.
+/// accumulator and then copied out. For A packed whole beforehand (the Wgrad operands, and
+/// any operand a quantizer packed), a B whose tiles stay in a core's L2 and row blocks
+/// that do not divide evenly between the threads ([`uneven_row_groups`]): the `small`
+/// preset's Wgrad has 11, so one of two threads took 6 and the other 5, and on `vdpbf16ps`
+/// M = 320 and 384 ran as long as each other. Not on the AMX unit, where the training steps
+/// of the FP8 recipes ran about 5% slower with these tasks (its kernel is bound by the
+/// tiles' traffic, which the row-block slabs keep in cache). Each element still takes its
+/// chunks in order, so the bits are those of the row-block tasks.
 fn block_tasks(
     unit: Unit,
     (pa, la, pb, lb): (&[u32], Layout, &[u32], Layout),
@@ -982,4 +1000,33 @@ pub fn tile_peak_probe(iters: usize) -> Option<f64> {
     }
     let _ = iters;
     None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::uneven_row_groups;
+
+    /// The finer tasks take over exactly where the row-block groups leave a thread idle:
+    /// the Wgrad products of the presets (11 and 22 row blocks on two threads), not the
+    /// 64 of a training step's Fprop and Dgrad, an even count, or one thread.
+    #[test]
+    fn finer_tasks_only_for_uneven_row_groups() {
+        for (mb, threads, uneven) in [
+            (11, 2, true),
+            (22, 2, true),
+            (10, 2, true),
+            (3, 2, true),
+            (64, 2, false),
+            (12, 2, false),
+            (63, 2, false),
+            (3, 3, false),
+            (11, 1, false),
+        ] {
+            assert_eq!(
+                uneven_row_groups(mb, threads),
+                uneven,
+                "{mb} blocks, {threads} threads"
+            );
+        }
+    }
 }
