@@ -729,19 +729,6 @@ fn uneven_row_groups(mb: usize, threads: usize) -> bool {
     busiest * 100 > mb * 105 / threads
 }
 
-/// The output, shared by the tasks of [`block_tasks`] (each writes its own block).
-#[derive(Clone, Copy)]
-struct SharedOut(*mut f32);
-// SAFETY: the tasks write disjoint blocks of the output while the caller holds it.
-unsafe impl Send for SharedOut {}
-unsafe impl Sync for SharedOut {}
-
-impl SharedOut {
-    fn get(self) -> *mut f32 {
-        self.0
-    }
-}
-
 /// `out = alpha · (A · Bᵀ)` (`[m, n]`, `kc` chunks) from packed tiles of both operands, one
 /// task per 32 x 32 output block, row block by row block, each over all of K in a local
 /// accumulator and then copied out. For A packed whole beforehand (the Wgrad operands, and
@@ -760,7 +747,8 @@ fn block_tasks(
     alpha: f32,
 ) {
     let (mb, nb) = (m.div_ceil(BLOCK), n.div_ceil(BLOCK));
-    let shared = SharedOut(out.as_mut_ptr());
+    // the output, shared by the tasks (each writes its own block)
+    let shared = super::OutPtr(out.as_mut_ptr());
     (0..mb * nb).into_par_iter().for_each_init(
         || {
             #[cfg(target_arch = "x86_64")]

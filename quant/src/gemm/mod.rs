@@ -122,7 +122,8 @@ fn bands(m: usize, n: usize, k: usize) -> usize {
     threads.min(m.max(n) / BAND_ALIGN).max(1)
 }
 
-/// The output pointer, shared by the band tasks (each writes its own elements).
+/// The output pointer, shared by tasks that each write their own elements (the f32 GEMM's
+/// bands, the BF16 GEMM's blocks in `bf16::block_tasks`).
 #[derive(Clone, Copy)]
 struct OutPtr(*mut f32);
 // SAFETY: the tasks write disjoint elements through it while the caller holds `c`.
