@@ -746,18 +746,14 @@ fn block_tasks(
     out: &mut [f32],
     alpha: f32,
 ) {
+    // (the AMX kernel would also need its tile configuration loaded on each thread)
+    debug_assert_ne!(unit, Unit::Amx);
     let (mb, nb) = (m.div_ceil(BLOCK), n.div_ceil(BLOCK));
     // the output, shared by the tasks (each writes its own block)
     let shared = super::OutPtr(out.as_mut_ptr());
     (0..mb * nb).into_par_iter().for_each_init(
-        || {
-            #[cfg(target_arch = "x86_64")]
-            let cfg = (unit == Unit::Amx).then(super::amx::TileConfig::load);
-            #[cfg(not(target_arch = "x86_64"))]
-            let cfg = ();
-            (cfg, [0.0f32; BLOCK * BLOCK])
-        },
-        |(_, c), u| {
+        || [0.0f32; BLOCK * BLOCK],
+        |c, u| {
             let (ib, jb) = (u / nb, u % nb);
             let (m_here, n_here) = ((m - ib * BLOCK).min(BLOCK), (n - jb * BLOCK).min(BLOCK));
             let tiles = (la.tiles(pa, ib, 0, kc), lb.tiles(pb, jb, 0, kc), kc);
