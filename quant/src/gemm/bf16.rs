@@ -735,10 +735,11 @@ fn uneven_row_groups(mb: usize, threads: usize) -> bool {
 /// any operand a quantizer packed), a B whose tiles stay in a core's L2 and row blocks
 /// that do not divide evenly between the threads ([`uneven_row_groups`]): the `small`
 /// preset's Wgrad has 11, so one of two threads took 6 and the other 5, and on `vdpbf16ps`
-/// M = 320 and 384 ran as long as each other. Not on the AMX unit, where the training steps
-/// of the FP8 recipes ran about 5% slower with these tasks (its kernel is bound by the
-/// tiles' traffic, which the row-block slabs keep in cache). Each element still takes its
-/// chunks in order, so the bits are those of the row-block tasks.
+/// M = 320 and 384 ran as long as each other. Not on the AMX unit: its kernel alone ran no
+/// faster with these tasks on the uneven Wgrad shapes (67 against 69 us, `small`, two
+/// threads), and with every pre-packed product split so the FP8 recipes' steps ran about 5%
+/// slower there. Each element still takes its chunks in order, so the bits are those of the
+/// row-block tasks.
 fn block_tasks(
     unit: Unit,
     (pa, la, pb, lb): (&[u32], Layout, &[u32], Layout),

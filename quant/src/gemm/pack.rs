@@ -624,10 +624,9 @@ where
 fn chunks_per_task(rows: usize, kc: usize) -> usize {
     let threads = rayon::current_num_threads();
     let most = (PANEL_ELEMS / (CHUNK * rows)).clamp(1, kc.div_ceil(2 * threads));
-    (1..=most)
+    (most.div_ceil(2)..=most)
         .rev()
-        .find(|&c| kc.div_ceil(c).is_multiple_of(threads) && kc.is_multiple_of(c))
-        .filter(|&c| 2 * c >= most)
+        .find(|&c| kc.is_multiple_of(c) && (kc / c).is_multiple_of(threads))
         .unwrap_or(most)
 }
 

@@ -70,11 +70,10 @@ fn block_scales_x16<F: Elem>(c: &MxCast, amax: __m512) -> (__m512, __m512) {
     let finite = _mm512_cmplt_epu32_mask(bits, set(0x7F80_0000));
     let exp_field = |b: __m512i| _mm512_srli_epi32::<23>(b);
     let nonzero_mantissa = |b: __m512i| _mm512_test_epi32_mask(b, set(0x007F_FFFF));
-    // `E8M0::from_exponent_clamped(e - EMAX)` for the exponent field `f` (`e = f - 127`)
-    let clamped = |f: __m512i| {
-        let b = _mm512_sub_epi32(f, set(F::EMAX));
-        _mm512_max_epi32(_mm512_min_epi32(b, set(254)), _mm512_setzero_si512())
-    };
+    // `E8M0::from_exponent_clamped(e - EMAX)` for the exponent field `f` (`e = f - 127`);
+    // its upper clamp at 254 is subsumed by the format's (`254 - EMAX`) below
+    let clamped =
+        |f: __m512i| _mm512_max_epi32(_mm512_sub_epi32(f, set(F::EMAX)), _mm512_setzero_si512());
     let one = set(1);
     let code = match c.rule {
         ScaleRule::Rceil => {
@@ -84,12 +83,12 @@ fn block_scales_x16<F: Elem>(c: &MxCast, amax: __m512) -> (__m512, __m512) {
             // an f32 subnormal `d` rounds up to 2^-127 unless it is at most 2^-127
             let sub = _mm512_maskz_mov_epi32(_mm512_cmpgt_epu32_mask(d, set(0x0040_0000)), one);
             let normal = _mm512_mask_add_epi32(f, nonzero_mantissa(d), f, one);
-            let b = _mm512_mask_blend_epi32(
+            // (`rceil_e8m0` saturates at 0xFE: subsumed by the format's clamp below)
+            _mm512_mask_blend_epi32(
                 _mm512_cmpeq_epi32_mask(f, _mm512_setzero_si512()),
                 normal,
                 sub,
-            );
-            _mm512_min_epu32(b, set(0xFE))
+            )
         }
         ScaleRule::Floor => clamped(exp_field(bits)),
         ScaleRule::Even => {
