@@ -28,7 +28,7 @@ use quant::gemm::bf16::{
     bf16_gemm_tn, quantized_gemm_tn, Bf16Arithmetic, Bf16Workspace, PackedPair,
 };
 use quant::gemm::{sgemm, MatRef};
-use quant::qgemm::{quantized_matmul_tn, Operand};
+use quant::qgemm::{quantized_matmul_tn, quantized_matmul_tn_tensors, Operand};
 use quant::{GemmPolicy, OperandQuant, Quantizer, RngKey, Usage};
 
 use crate::harness::{child_output, pool, run_rounds, Case, Clock};
@@ -51,8 +51,9 @@ pub const SHAPES: &[(&str, usize, usize, usize)] = &[
 
 /// The block-scaled GEMMs (NVFP4, MXFP8) timed where training runs them on `vdpbf16ps`,
 /// on a CPU that has the AMX tile unit too (which training prefers): the suite of a child
-/// process that leaves the tile unit unused (`NIBBLE_NO_AMX`), its `nvfp4` and `mxfp8`
-/// figures renamed `nvfp4_pairs` and `mxfp8_pairs`, beside the in-process `bf16_pairs`.
+/// process that leaves the tile unit unused (`NIBBLE_NO_AMX`), its `nvfp4`, `mxfp8`,
+/// `nvfp4_codes` and `mxfp8_codes` figures renamed with `_pairs` (`nvfp4_pairs`...), beside
+/// the in-process `bf16_pairs`.
 /// Empty on CPUs without both units. What a CPU without AMX (a Zen 4) trains on, measured
 /// against the `vdpbf16ps` peak of this one.
 pub fn pairs_suite(threads: usize, rounds: usize) -> Result<Vec<Metric>> {
@@ -75,7 +76,8 @@ pub fn pairs_suite(threads: usize, rounds: usize) -> Result<Vec<Metric>> {
         .metrics
         .into_iter()
         .filter_map(|mut m| {
-            for case in ["nvfp4", "mxfp8"] {
+            // (the longer names first: `nvfp4_` also prefixes `nvfp4_codes_`)
+            for case in ["nvfp4_codes", "mxfp8_codes", "nvfp4", "mxfp8"] {
                 let prefix = format!("quant/gemm_{case}_");
                 if let Some(rest) = m.name.strip_prefix(&prefix) {
                     m.name = format!("quant/gemm_{case}_pairs_{rest}");
@@ -189,6 +191,11 @@ pub fn suite(threads: usize, rounds: usize) -> Result<Vec<Metric>> {
             vec![0.0f32; m * n],
             vec![0.0f32; m * n],
         );
+        // the same operands quantized beforehand: codes and scales, decoded in the call
+        let coded = |x: MatRef<'_>, q: &Quantizer| q.quantize(x, &mut quant::QuantState::new());
+        let (cna, cnb) = (coded(ta, &nva)?, coded(tb, &nvb)?);
+        let (cma, cmb) = (coded(ta, &mxa)?, coded(tb, &mxb)?);
+        let (mut o10, mut o11) = (vec![0.0f32; m * n], vec![0.0f32; m * n]);
         let mut pairs_ws = Bf16Workspace::new();
         // the NVFP4 operands' values (unscaled, `[outer, K]`), for the E2M1 GEMM alone
         let values = |x: MatRef<'_>, q: &Quantizer, outer: usize| -> Result<Vec<f32>> {
@@ -223,6 +230,14 @@ pub fn suite(threads: usize, rounds: usize) -> Result<Vec<Metric>> {
                 let (a, b) = (Operand::new(ta, mxa), Operand::new(tb, mxb));
                 quantized_matmul_tn(a, b, black_box(&mut o4))
                     .expect("valid operands");
+            }),
+            Case::new("nvfp4_codes", || {
+                quantized_matmul_tn_tensors(&cna, &cnb, black_box(&mut o10))
+                    .expect("valid tensors");
+            }),
+            Case::new("mxfp8_codes", || {
+                quantized_matmul_tn_tensors(&cma, &cmb, black_box(&mut o11))
+                    .expect("valid tensors");
             }),
             // the least memory traffic of any GEMM of these f32 tensors: each operand read
             // once, the output written once
@@ -283,13 +298,16 @@ pub fn suite(threads: usize, rounds: usize) -> Result<Vec<Metric>> {
             "reads both f32 operands and writes the output (the least traffic of any GEMM of them)",
         );
         let mut cases = vec![
-            ("f32", Unit::Fma, f32_traffic),
-            ("bf16", bf16_unit, f32_traffic),
-            ("nvfp4", nvfp4_unit, f32_traffic),
-            ("mxfp8", bf16_unit, f32_traffic),
+            ("f32", Unit::Fma, Some(f32_traffic)),
+            ("bf16", bf16_unit, Some(f32_traffic)),
+            ("nvfp4", nvfp4_unit, Some(f32_traffic)),
+            ("mxfp8", bf16_unit, Some(f32_traffic)),
+            // no f32 operand read: no roofline of f32 traffic
+            ("nvfp4_codes", nvfp4_unit, None),
+            ("mxfp8_codes", bf16_unit, None),
         ];
         if pairs_too {
-            cases.push(("bf16_pairs", Unit::Dpbf16, f32_traffic));
+            cases.push(("bf16_pairs", Unit::Dpbf16, Some(f32_traffic)));
         }
         if kernel_alone {
             // it reads no f32 operand: its least traffic is its tiles'
@@ -297,12 +315,12 @@ pub fn suite(threads: usize, rounds: usize) -> Result<Vec<Metric>> {
                 "traffic_prepacked",
                 "reads the packed BF16 tiles of both operands and writes the output (the least traffic of the kernel alone)",
             );
-            cases.push(("bf16_prepacked", bf16_unit, tiles));
+            cases.push(("bf16_prepacked", bf16_unit, Some(tiles)));
         }
         if e2m1 {
-            cases.push(("e2m1", Unit::ByteDot, f32_traffic));
+            cases.push(("e2m1", Unit::ByteDot, Some(f32_traffic)));
         }
-        for (case, unit, (traffic, what)) in cases {
+        for (case, unit, traffic) in cases {
             let g = flops / r.median_secs(case) / 1e9;
             out.push(Metric::absolute(
                 format!("quant/gemm_{case}_{name}/gflops_{threads}t"),
@@ -321,6 +339,9 @@ pub fn suite(threads: usize, rounds: usize) -> Result<Vec<Metric>> {
                     format!("{case} GEMM GFLOP/s / {} peak, {shape}", unit.name()),
                 ));
             }
+            let Some((traffic, what)) = traffic else {
+                continue;
+            };
             let of_traffic = r.ratio(traffic, case);
             out.push(Metric::reported_ratio(
                 format!("quant/gemm_{case}_{name}/of_traffic_{threads}t"),
@@ -355,6 +376,8 @@ pub fn suite(threads: usize, rounds: usize) -> Result<Vec<Metric>> {
             ("bf16", "operand packing included"),
             ("nvfp4", "quantizing the f32 operands included"),
             ("mxfp8", "quantizing the f32 operands included"),
+            ("nvfp4_codes", "operands quantized beforehand, decoded in the call"),
+            ("mxfp8_codes", "operands quantized beforehand, decoded in the call"),
         ];
         if pairs_too {
             vs_f32.push(("bf16_pairs", "operand packing included"));

@@ -382,7 +382,7 @@ fn amax_64(x: &[f32]) -> f32 {
 }
 
 #[inline(always)]
-fn decode(element: Fp8Element, code: u8) -> f32 {
+pub(crate) fn decode(element: Fp8Element, code: u8) -> f32 {
     match element {
         Fp8Element::E4M3 => E4M3(code).to_f32(),
         Fp8Element::E5M2 => E5M2(code).to_f32(),

@@ -452,36 +452,56 @@ fn decode_row(element: MxElement, codes: &[u8], scales: &[u8], f: f32, out: &mut
 /// # Panics
 /// If the tensor is not MX or its buffers do not match its shape.
 pub(crate) fn dequantize(t: &QuantizedTensor) -> Vec<f32> {
-    let QuantFormat::Mx { element, .. } = t.format else {
+    let QuantFormat::Mx { .. } = t.format else {
         panic!("mx::dequantize called on {:?}", t.format);
     };
-    let (rows, cols, pcols) = (t.rows, t.cols, t.padded_cols);
+    let (rows, cols) = (t.rows, t.cols);
     let mut out = vec![0.0f32; rows * cols];
     if rows == 0 || cols == 0 {
         return out;
     }
-    let row_bytes = element.packed_len(pcols);
-    let bpr = pcols / BLOCK;
     let f = t.tensor_scale_inv;
     out.par_chunks_mut(cols)
         .enumerate()
         .for_each_init(Vec::new, |buf: &mut Vec<u8>, (r, orow)| {
-            let bytes = &t.codes[r * row_bytes..(r + 1) * row_bytes];
-            let codes: &[u8] = match element.bits() {
-                8 => bytes,
-                bits => {
-                    let u = grow(buf, pcols);
-                    if bits == 6 {
-                        fp_formats::pack::unpack_fp6_into(bytes, u);
-                    } else {
-                        fp_formats::pack::unpack_fp4_into(bytes, u);
-                    }
-                    u
-                }
-            };
-            decode_row(element, codes, &t.scales[r * bpr..(r + 1) * bpr], f, orow);
+            row_into(t, r, f, orow, buf)
         });
     out
+}
+
+/// Stored row `r` of the MX tensor `t` (its `t.cols` values, padding dropped) into `out`:
+/// `element(code) · 2^(b - 127) · f` (`f = 1`: the values without the per-tensor factor,
+/// those `fake_quantize_into` writes). `buf` is scratch for unpacking 4- and 6-bit codes.
+///
+/// # Panics
+/// If `t` is not MX or its buffers do not hold row `r`.
+pub(crate) fn row_into(t: &QuantizedTensor, r: usize, f: f32, out: &mut [f32], buf: &mut Vec<u8>) {
+    let QuantFormat::Mx { element, .. } = t.format else {
+        panic!("mx::row_into called on {:?}", t.format);
+    };
+    let pcols = t.padded_cols;
+    let row_bytes = element.packed_len(pcols);
+    let bpr = pcols / BLOCK;
+    let bytes = &t.codes[r * row_bytes..(r + 1) * row_bytes];
+    let codes: &[u8] = match element.bits() {
+        8 => bytes,
+        bits => {
+            let u = grow(buf, pcols);
+            if bits == 6 {
+                fp_formats::pack::unpack_fp6_into(bytes, u);
+            } else {
+                fp_formats::pack::unpack_fp4_into(bytes, u);
+            }
+            u
+        }
+    };
+    decode_row(
+        element,
+        codes,
+        &t.scales[r * bpr..(r + 1) * bpr],
+        f,
+        &mut out[..t.cols],
+    );
 }
 
 #[cfg(test)]

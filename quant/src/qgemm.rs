@@ -56,6 +56,11 @@
 
 use std::cell::Cell;
 
+mod decode;
+mod tensors;
+
+pub use tensors::quantized_matmul_tn_tensors;
+
 use crate::config::{Fp8Scaling, OperandQuant, QuantFormat, RoundingMode, Usage};
 use crate::gemm::bf16::{
     quantized_gemm_rounds_inputs, quantized_gemm_sides, Bf16Workspace, PackedB, Side,

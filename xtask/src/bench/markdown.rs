@@ -330,23 +330,7 @@ fn gemms(s: &mut String, metrics: &[Metric]) {
         if alone { " bf16 kernel alone |" } else { "" },
         if alone { "---:|" } else { "" },
     );
-    let cell = |case: &str, shape: &str| {
-        let t = |t: u32| {
-            let g = find(metrics, &format!("quant/gemm_{case}_{shape}/gflops_{t}t"));
-            let f = find(metrics, &format!("quant/gemm_{case}_{shape}/of_peak_{t}t"));
-            let r = find(
-                metrics,
-                &format!("quant/gemm_{case}_{shape}/of_roofline_{t}t"),
-            );
-            match (g, f, r) {
-                (Some(g), Some(f), Some(r)) => format!("{g:.0} ({f:.2}; {r:.2})"),
-                (Some(g), Some(f), None) => format!("{g:.0} ({f:.2})"),
-                (Some(g), ..) => format!("{g:.0}"),
-                _ => "-".into(),
-            }
-        };
-        format!("{} / {}", t(1), t(2))
-    };
+    let cell = |case: &str, shape: &str| gemm_cell(metrics, case, shape);
     for shape in &shapes {
         let x = |t: u32| {
             find(metrics, &format!("quant/gemm_bf16_{shape}/vs_f32_{t}t"))
@@ -369,6 +353,7 @@ fn gemms(s: &mut String, metrics: &[Metric]) {
         );
     }
     roofline_shares(s, metrics, &shapes);
+    from_codes(s, metrics, &shapes, pairs);
     if !pairs {
         return;
     }
@@ -384,6 +369,61 @@ fn gemms(s: &mut String, metrics: &[Metric]) {
             cell("nvfp4_pairs", shape),
             cell("mxfp8_pairs", shape),
         );
+    }
+}
+
+/// One GEMM's cell, 1 / 2 threads: `GFLOP/s (of peak; of roofline)`, as much of it as was
+/// measured.
+fn gemm_cell(metrics: &[Metric], case: &str, shape: &str) -> String {
+    let t = |t: u32| {
+        let g = find(metrics, &format!("quant/gemm_{case}_{shape}/gflops_{t}t"));
+        let f = find(metrics, &format!("quant/gemm_{case}_{shape}/of_peak_{t}t"));
+        let r = find(
+            metrics,
+            &format!("quant/gemm_{case}_{shape}/of_roofline_{t}t"),
+        );
+        match (g, f, r) {
+            (Some(g), Some(f), Some(r)) => format!("{g:.0} ({f:.2}; {r:.2})"),
+            (Some(g), Some(f), None) => format!("{g:.0} ({f:.2})"),
+            (Some(g), ..) => format!("{g:.0}"),
+            _ => "-".into(),
+        }
+    };
+    format!("{} / {}", t(1), t(2))
+}
+
+/// The block-scaled GEMMs on operands quantized beforehand (codes and scales), on the unit
+/// training uses and, where timed, on `vdpbf16ps`.
+fn from_codes(s: &mut String, metrics: &[Metric], shapes: &[&str], pairs: bool) {
+    if !metrics
+        .iter()
+        .any(|m| m.name.starts_with("quant/gemm_nvfp4_codes_"))
+    {
+        return;
+    }
+    let _ = writeln!(
+        s,
+        "\nThe NVFP4 and MXFP8 GEMMs on the same operands quantized beforehand, as a block-scaled tensor core takes them (codes and scales: `quant::qgemm::quantized_matmul_tn_tensors`, which decodes them into the BF16 unit's tiles and quantizes nothing; the same bits as quantizing in the call), GFLOP/s (fraction of the peak of the unit it runs on), 1 / 2 threads{}:\n\n| shape (M x N x K) | nvfp4 | mxfp8 |{}\n|---|---:|---:|{}",
+        if pairs {
+            "; on `vdpbf16ps` from the child process without AMX"
+        } else {
+            ""
+        },
+        if pairs { " nvfp4 on `vdpbf16ps` | mxfp8 on `vdpbf16ps` |" } else { "" },
+        if pairs { "---:|---:|" } else { "" },
+    );
+    for shape in shapes {
+        let mut row = format!(
+            "| `{shape}` | {} | {} |",
+            gemm_cell(metrics, "nvfp4_codes", shape),
+            gemm_cell(metrics, "mxfp8_codes", shape)
+        );
+        if pairs {
+            for case in ["nvfp4_codes_pairs", "mxfp8_codes_pairs"] {
+                row.push_str(&format!(" {} |", gemm_cell(metrics, case, shape)));
+            }
+        }
+        let _ = writeln!(s, "{row}");
     }
 }
 
@@ -529,6 +569,28 @@ mod tests {
         gemms(&mut s, &with_alone);
         assert!(
             s.contains("| shape (M x N x K) | bf16 | nvfp4 | mxfp8 |\n|---|---:|---:|---:|\n| `small_fprop_up` | 101 (0.83) / - | - / 150 | 80 (0.79) / - |"),
+            "{s}"
+        );
+        assert!(!s.contains("quantized beforehand"), "{s}");
+        // the GEMMs from codes: a table of their own
+        for (name, v) in [
+            ("quant/gemm_nvfp4_codes_small_fprop_up/gflops_1t", 900.0),
+            ("quant/gemm_nvfp4_codes_small_fprop_up/of_peak_1t", 0.29),
+            (
+                "quant/gemm_mxfp8_codes_pairs_small_fprop_up/gflops_2t",
+                170.0,
+            ),
+            (
+                "quant/gemm_mxfp8_codes_pairs_small_fprop_up/of_peak_2t",
+                0.83,
+            ),
+        ] {
+            with_alone.push(reported(name, v));
+        }
+        let mut s = String::new();
+        gemms(&mut s, &with_alone);
+        assert!(
+            s.contains("| shape (M x N x K) | nvfp4 | mxfp8 | nvfp4 on `vdpbf16ps` | mxfp8 on `vdpbf16ps` |\n|---|---:|---:|---:|---:|\n| `small_fprop_up` | 900 (0.29) / - | - / - | - / - | - / 170 (0.83) |"),
             "{s}"
         );
         // the roofline's shares of the units' peaks: a table of the units measured
