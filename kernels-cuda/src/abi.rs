@@ -171,6 +171,7 @@ impl Side {
             scales,
             amax,
             tensor_scale_inv,
+            hadamard: self.mask,
         }
     }
 }

@@ -49,6 +49,8 @@ pub struct DeviceQuantized {
     pub amax: f32,
     /// Per-tensor decode factor (NVFP4 `S_dec`, FP8 `1 / scale`, MX 1 or 4/3).
     pub tensor_scale_inv: f32,
+    /// The Hadamard transform's sign mask, if one was applied along the stored rows.
+    pub hadamard: Option<u16>,
 }
 
 impl Drop for DeviceQuantized {
@@ -85,6 +87,7 @@ impl DeviceQuantized {
             scales,
             amax: self.amax,
             tensor_scale_inv: self.tensor_scale_inv,
+            hadamard: self.hadamard,
         })
     }
 
@@ -344,6 +347,7 @@ impl GpuContext {
                 .transpose()?,
             amax: t.amax,
             tensor_scale_inv: t.tensor_scale_inv,
+            hadamard: t.hadamard,
         })
     }
 }
@@ -489,6 +493,7 @@ impl<'a> QuantJob<'a> {
             scales: o.scales,
             amax,
             tensor_scale_inv: tsi,
+            hadamard: o.side.mask,
         };
         let row = self.row.zip(rv).map(|(o, v)| mk(o, v));
         let col = self.col.zip(cv).map(|(o, v)| mk(o, v));

@@ -144,6 +144,7 @@ pub(crate) fn quantize(
         scales: Vec::new(),
         amax,
         tensor_scale_inv: 1.0,
+        hadamard: None,
     })
 }
 
@@ -233,6 +234,7 @@ pub(crate) fn quantize_f32(
         scales: Vec::new(),
         amax: crate::fp8::tensor_amax(x),
         tensor_scale_inv: 1.0,
+        hadamard: None,
     })
 }
 

@@ -618,6 +618,7 @@ fn quantize_impl(
         scales: Vec::new(),
         amax: o.amax,
         tensor_scale_inv: 1.0 / o.scale,
+        hadamard: None,
     })
 }
 

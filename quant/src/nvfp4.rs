@@ -901,6 +901,7 @@ fn quantize_impl(
         scales,
         amax: sc.g.amax,
         tensor_scale_inv: sc.g.s_dec,
+        hadamard: plan.mask,
     })
 }
 

@@ -23,6 +23,10 @@ use crate::config::{BlockShape, QuantFormat, Usage};
 /// * `tensor_scale_inv`: the per-tensor decode factor applied in a GEMM epilogue
 ///   (NVFP4 `S_dec`, FP8 `1/scale`, MX `1` or `4/3` for the prescaled stochastic variant,
 ///   1 otherwise).
+/// * `hadamard`: the sign mask of the 16-point Hadamard transform applied along the stored
+///   rows before quantizing (`crate::hadamard::sign_mask`; columnwise NVFP4 and MX with RHT),
+///   `None` without one. The values are then those of the transformed tensor; a GEMM
+///   multiplies two such tensors only when both carry the same mask.
 #[derive(Clone, Debug, PartialEq)]
 pub struct QuantizedTensor {
     /// The format the data are stored in.
@@ -47,4 +51,6 @@ pub struct QuantizedTensor {
     pub amax: f32,
     /// Per-tensor decode factor.
     pub tensor_scale_inv: f32,
+    /// The Hadamard transform's sign mask, if one was applied along the stored rows.
+    pub hadamard: Option<u16>,
 }

@@ -174,6 +174,36 @@ fn bad_tensors_and_shapes_are_typed_errors() {
     assert!(invalid(&t, &b, &mut out));
 }
 
+/// Tensors transformed along K differently (one with the Hadamard transform, one without,
+/// or with other signs) are refused: their product is not that of the original tensors.
+#[test]
+fn different_hadamard_transforms_are_refused() {
+    let x = data(64 * 32, 9);
+    let x = MatRef::new(&x, 64, 32).unwrap();
+    let quantize = |spec: OperandQuant| {
+        let q = Quantizer::new(spec, Usage::Columnwise).unwrap();
+        q.quantize(x, &mut QuantState::new()).unwrap()
+    };
+    let rht = quantize(OperandQuant::nvfp4().with_rht(Rht::FixedSigns));
+    let plain = quantize(OperandQuant::nvfp4());
+    assert_eq!(rht.hadamard, Some(quant::hadamard::TE_SIGN_MASK));
+    assert_eq!(plain.hadamard, None);
+    let mut out = vec![0.0f32; 32 * 32];
+    quantized_matmul_tn_tensors(&rht, &rht, &mut out).unwrap();
+    let mut other = rht.clone();
+    other.hadamard = Some(0x1234);
+    for (a, b) in [(&rht, &plain), (&plain, &rht), (&rht, &other)] {
+        let r = quantized_matmul_tn_tensors(a, b, &mut out);
+        assert!(
+            matches!(&r, Err(QuantError::InvalidConfig(m)) if m.contains("Hadamard")),
+            "{r:?}"
+        );
+    }
+    // MX records its transform too
+    let mx = OperandQuant::mx(MxElement::E4M3, ScaleRule::Rceil).with_rht(Rht::FixedSigns);
+    assert_eq!(quantize(mx).hadamard, Some(quant::hadamard::TE_SIGN_MASK));
+}
+
 /// Empty products: no rows, or K = 0 (a zero output).
 #[test]
 fn empty_shapes() {

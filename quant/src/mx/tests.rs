@@ -207,6 +207,7 @@ fn codes_with(
         scales,
         amax: st.amax,
         tensor_scale_inv: if c.prescale { PRESCALE_INV } else { 1.0 },
+        hadamard: crate::hadamard::sign_mask(c.rht, c.key),
     })
 }
 

@@ -48,7 +48,10 @@ pub(super) fn check(t: &QuantizedTensor, name: &str) -> Result<(), QuantError> {
         ));
     }
     // (no overflow: both factors are below 2^33)
-    let (codes, scales) = (pr * row_bytes, if block > 1 { pr * (pc / block) } else { 0 });
+    let (codes, scales) = (
+        pr * row_bytes,
+        if block > 1 { pr * (pc / block) } else { 0 },
+    );
     if t.codes.len() != codes || t.scales.len() != scales {
         return bad(format!(
             "{} code bytes and {} scale bytes where a {:?} tensor padded to {pr}x{pc} has {codes} and {scales}",
@@ -319,6 +322,7 @@ mod tests {
                 scales: scales.clone(),
                 amax: 1.0,
                 tensor_scale_inv: 1.0,
+                hadamard: None,
             };
             check(&t, "t").unwrap();
             let (mut got, mut want) = (vec![0.0f32; cols - 7], vec![0.0f32; cols - 7]);

@@ -26,12 +26,13 @@ use super::{check_shapes, e2m1_gemm_runs, finish, GemmWorkspace, Prepared, WORKS
 /// tensor on either side sends the product to the f32 GEMM). Nothing is quantized: the cost
 /// beside the GEMM's is decoding the codes (NVFP4 sixteen values per AVX-512 step).
 ///
-/// A tensor does not record a Hadamard transform. As for the operands of any GEMM, both
-/// tensors must have transformed K with the same signs (the Wgrad operands of one recipe), or
-/// neither: otherwise the product is not `X · Wᵀ` of the original tensors.
+/// Both tensors must have transformed K with the same Hadamard signs (the Wgrad operands of
+/// one recipe), or neither (`hadamard`): otherwise their product is not that of the original
+/// tensors, and the call refuses it.
 ///
 /// Errors: [`QuantError::InvalidConfig`] when a tensor's buffers do not match its shape
-/// and format (made by hand, or read from a file) or its per-tensor factor is not finite;
+/// and format (made by hand, or read from a file), its per-tensor factor is not finite, or
+/// the two carry different Hadamard masks;
 /// [`QuantError::GemmShape`] when the two disagree on K or `out` does not hold `M · N`
 /// elements.
 ///
@@ -60,6 +61,12 @@ pub fn quantized_matmul_tn_tensors(
     decode::check(a, "operand A")?;
     decode::check(b, "operand B")?;
     check_shapes(a.rows, a.cols, b.rows, b.cols, out)?;
+    if a.hadamard != b.hadamard {
+        return Err(QuantError::InvalidConfig(format!(
+            "the two tensors were transformed along K differently (Hadamard sign masks {:04x?} and {:04x?}): their product is not that of the original tensors",
+            a.hadamard, b.hadamard
+        )));
+    }
     let mut ws = WORKSPACE.with(|c| c.take()).unwrap_or_default();
     let packs = quantized(a)
         && quantized(b)
