@@ -170,7 +170,7 @@ pub fn quantized_matmul_tn_with(
     let qa = a.quantizer.quantizes();
     let qb = b.quantizer.quantizes();
     let e2m1 = e2m1_gemm_runs(e2m1_values(a.quant()), e2m1_values(b.quant()));
-    let rounds = qa && qb && quantized_gemm_rounds_inputs() && !e2m1;
+    let rounds = on_bf16_unit(qa, qb, e2m1);
     let (av, fa) = prepare(a, wa, (&mut packed.a, true), rounds)?;
     let (bv, fb) = prepare(b, wb, (&mut packed.b, false), rounds)?;
     let (a, b) = (Prepared::new(av, fa, qa), Prepared::new(bv, fb, qb));
@@ -196,6 +196,13 @@ pub fn e2m1_values(q: &OperandQuant) -> bool {
         QuantFormat::Mx { element, .. } => element == MxElement::E2M1,
         _ => false,
     }
+}
+
+/// Whether a product of two operands (each quantized or not; `e2m1`: the product runs on
+/// the E2M1 block GEMM) runs on a BF16 unit, whose packing takes quantized values (and
+/// rounds BF16 ones) itself.
+fn on_bf16_unit(qa: bool, qb: bool, e2m1: bool) -> bool {
+    qa && qb && quantized_gemm_rounds_inputs() && !e2m1
 }
 
 /// Whether a product of two operands, each with E2M1 values or not, runs on the E2M1 block
@@ -439,7 +446,7 @@ fn with_kept_b(
         ..
     } = &mut *ws;
     let e2m1 = e2m1_gemm_runs(e2m1_values(a.quant()), b_e2m1);
-    let rounds = qa && b.quantized && quantized_gemm_rounds_inputs() && !e2m1;
+    let rounds = on_bf16_unit(qa, b.quantized, e2m1);
     let r = prepare(a, wa, (&mut packed.a, true), rounds)
         .map(|(av, fa)| finish(Prepared::new(av, fa, qa), b, e2m1, out, (packed, e2m1_ws)));
     WORKSPACE.with(|c| c.set(Some(ws)));

@@ -30,8 +30,20 @@ fn bits(v: &[f32]) -> Vec<u32> {
 
 /// The product both ways for operands quantized with `qa`, `qb` in `usage` (the f32 tensors
 /// `[outer, K]` rowwise, `[K, outer]` columnwise); panics with the case if they differ.
-fn check(qa: OperandQuant, qb: OperandQuant, usage: Usage, (m, n, k): (usize, usize, usize)) {
-    let (a, b) = (data(m * k, 1), data(n * k, 2));
+fn check(qa: OperandQuant, qb: OperandQuant, usage: Usage, shape: (usize, usize, usize)) {
+    check_scaled(qa, qb, usage, shape, (1.0, 1.0));
+}
+
+/// [`check`] on the two tensors' data times `scales`; returns the product.
+fn check_scaled(
+    qa: OperandQuant,
+    qb: OperandQuant,
+    usage: Usage,
+    (m, n, k): (usize, usize, usize),
+    (sa, sb): (f32, f32),
+) -> Vec<f32> {
+    let scaled = |v: Vec<f32>, s: f32| v.into_iter().map(|x| x * s).collect::<Vec<_>>();
+    let (a, b) = (scaled(data(m * k, 1), sa), scaled(data(n * k, 2), sb));
     let view = |x, outer| match usage {
         Usage::Rowwise => MatRef::new(x, outer, k).unwrap(),
         Usage::Columnwise => MatRef::new(x, k, outer).unwrap(),
@@ -52,8 +64,9 @@ fn check(qa: OperandQuant, qb: OperandQuant, usage: Usage, (m, n, k): (usize, us
     assert_eq!(
         bits(&got),
         bits(&want),
-        "{qa:?} x {qb:?}, {usage:?}, {m}x{n}x{k}"
+        "{qa:?} x {qb:?}, {usage:?}, {m}x{n}x{k}, scales {sa:e} and {sb:e}"
     );
+    got
 }
 
 fn formats() -> Vec<OperandQuant> {
@@ -80,6 +93,26 @@ fn every_format_equals_quantizing_in_the_call() {
             for shape in [(37, 19, 70), (64, 48, 256), (1, 1, 1), (33, 17, 16)] {
                 check(q, q, usage, shape);
             }
+        }
+    }
+}
+
+/// Tiny times huge operands, whose products are of order one: MX scales near both ends of
+/// E8M0 (values below 2^-126, which the BF16 unit reads as zero), FP8 and NVFP4 per-tensor
+/// factors far from 1.
+#[test]
+fn extreme_magnitudes() {
+    let f = formats();
+    let pairs = [
+        (2f32.powi(-118), 2f32.powi(110)),
+        (2f32.powi(-100), 2f32.powi(95)),
+        (1e-30, 1e30),
+        (2f32.powi(100), 2f32.powi(-104)),
+    ];
+    for scales in pairs {
+        for q in [f[0], f[3], f[4], f[6], f[7]] {
+            let out = check_scaled(q, q, Usage::Rowwise, (33, 20, 96), scales);
+            assert!(out.iter().any(|v| v.abs() > 1e-6), "{q:?}, {scales:?}");
         }
     }
 }

@@ -4,10 +4,12 @@
 //! ([`super::quantized_matmul_tn_tensors`]), and the check that a tensor's buffers match its
 //! shape before any of them is read.
 //!
-//! NVFP4 rows decode sixteen values per step with AVX-512 where the CPU has it (the E2M1
-//! codes of a block looked up in registers, times the block's scale: both exact, so the same
-//! bits as the portable loop, tested below); the other formats decode through the scalar
-//! decoders their dequantization uses.
+//! With AVX-512, NVFP4 rows decode sixteen values per step (the E2M1 codes of a block looked
+//! up in a register, times the block's scale) and MXFP8 and FP8 rows sixteen per gather from
+//! a 256-entry table of the element values (times the block's E8M0 scale): the same IEEE
+//! products of the same values as the portable loops, so the same bits (tested below against
+//! the scalar decoders on every code and scale byte). The other formats (BF16, F32, MXFP6,
+//! MXFP4) decode through the scalar code their dequantization uses.
 
 use fp_formats::nvfp4::{dequantize_block, BLOCK as NVFP4_BLOCK};
 use fp_formats::UE4M3;

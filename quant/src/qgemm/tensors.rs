@@ -4,13 +4,15 @@
 //! and nothing is quantized in the call.
 
 use crate::config::QuantFormat;
-use crate::gemm::bf16::{quantized_gemm_rounds_inputs, Side};
+use crate::gemm::bf16::Side;
 use crate::gemm::pack::pack_panels;
 use crate::gemm::MatRef;
 use crate::{QuantError, QuantizedTensor};
 
 use super::decode;
-use super::{check_shapes, e2m1_gemm_runs, finish, GemmWorkspace, Prepared, WORKSPACE};
+use super::{
+    check_shapes, e2m1_gemm_runs, finish, on_bf16_unit, GemmWorkspace, Prepared, WORKSPACE,
+};
 
 /// `out[M, N] = α · Â · B̂ᵀ` for two quantized tensors in their stored layout, `a` `[M, K]`
 /// and `b` `[N, K]` (a rowwise tensor is the operand itself, a columnwise one its
@@ -68,10 +70,7 @@ pub fn quantized_matmul_tn_tensors(
         )));
     }
     let mut ws = WORKSPACE.with(|c| c.take()).unwrap_or_default();
-    let packs = quantized(a)
-        && quantized(b)
-        && quantized_gemm_rounds_inputs()
-        && !e2m1_gemm_runs(e2m1(a), e2m1(b));
+    let packs = on_bf16_unit(quantized(a), quantized(b), e2m1_gemm_runs(e2m1(a), e2m1(b)));
     multiply(a, b, out, &mut ws, packs);
     WORKSPACE.with(|c| c.set(Some(ws)));
     Ok(())
@@ -89,12 +88,6 @@ fn multiply(
 ) {
     let (qa, qb) = (quantized(a), quantized(b));
     let e2m1 = e2m1_gemm_runs(e2m1(a), e2m1(b));
-    let GemmWorkspace {
-        a: wa,
-        b: wb,
-        packed,
-        e2m1: e2m1_ws,
-    } = ws;
     let k = a.cols;
     let (sa, sb) = if packs {
         // straight into the BF16 unit's tiles, a panel of decoded rows at a time
@@ -114,8 +107,8 @@ fn multiply(
             }
         };
         (
-            tiles(a, &mut packed.a, true),
-            tiles(b, &mut packed.b, false),
+            tiles(a, &mut ws.packed.a, true),
+            tiles(b, &mut ws.packed.b, false),
         )
     } else {
         let values = |t: &QuantizedTensor, buf: &mut Vec<f32>| {
@@ -125,13 +118,13 @@ fn multiply(
             }
             decode_parallel(t, &mut buf[..n]);
         };
-        values(a, wa);
-        values(b, wb);
-        (view(wa, a.rows, k), view(wb, b.rows, k))
+        values(a, &mut ws.a);
+        values(b, &mut ws.b);
+        (view(&ws.a, a.rows, k), view(&ws.b, b.rows, k))
     };
     let pa = Prepared::new(sa, a.tensor_scale_inv, qa);
     let pb = Prepared::new(sb, b.tensor_scale_inv, qb);
-    finish(pa, pb, e2m1, out, (packed, e2m1_ws));
+    finish(pa, pb, e2m1, out, (&mut ws.packed, &mut ws.e2m1));
 }
 
 /// The first `rows x k` values of `buf` as a row-major view.
@@ -191,7 +184,7 @@ mod tests {
             let (mut tiles, mut views) = (vec![0.0f32; m * n], vec![0.0f32; m * n]);
             let mut ws = GemmWorkspace::new();
             multiply(&a, &b, &mut views, &mut ws, false);
-            if !quantized_gemm_rounds_inputs() {
+            if !crate::gemm::bf16::quantized_gemm_rounds_inputs() {
                 eprintln!("skipped the comparison: no BF16 unit here, only the views run");
                 return;
             }
