@@ -519,7 +519,10 @@ where
     if len == 0 {
         return S::default();
     }
-    let per_task = (PANEL_ELEMS / (TILE * k)).clamp(1, group_size(row_tiles));
+    let per_task = even_tasks(
+        (PANEL_ELEMS / (TILE * k)).clamp(1, group_size(row_tiles)),
+        row_tiles,
+    );
     buf[..len]
         .par_chunks_mut(per_task * kc * TILE_WORDS)
         .enumerate()
@@ -624,9 +627,19 @@ where
 fn chunks_per_task(rows: usize, kc: usize) -> usize {
     let threads = rayon::current_num_threads();
     let most = (PANEL_ELEMS / (CHUNK * rows)).clamp(1, kc.div_ceil(2 * threads));
+    even_tasks(most, kc)
+}
+
+/// Units of work per task, at most `most` of the `total`: the largest size down to half of
+/// `most` that splits `total` into equal tasks whose count divides by the threads of the
+/// current pool, else `most` (the row panels of [`pack_panels`]: the `small` Wgrad's 22
+/// row tiles of 16 at K = 2048 make 22 tasks of 1 rather than 11 of 2, of which one of two
+/// threads took 6).
+fn even_tasks(most: usize, total: usize) -> usize {
+    let threads = rayon::current_num_threads();
     (most.div_ceil(2)..=most)
         .rev()
-        .find(|&c| kc.is_multiple_of(c) && (kc / c).is_multiple_of(threads))
+        .find(|&c| total.is_multiple_of(c) && (total / c).is_multiple_of(threads))
         .unwrap_or(most)
 }
 
@@ -676,4 +689,26 @@ fn pack_dispatch(x: MatRef<'_>, kc: usize, i0: usize, tiles: &mut [u32], layout:
         return;
     }
     pack_tiles::<SCALAR>(x, kc, i0, tiles, layout);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::even_tasks;
+
+    /// On two threads: the largest size down to half the limit that makes an even number of
+    /// equal tasks, else the limit.
+    #[test]
+    fn even_tasks_split_evenly_between_the_threads() {
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(2)
+            .build()
+            .unwrap();
+        pool.install(|| {
+            assert_eq!(even_tasks(2, 22), 1); // 22 tasks, not 11
+            assert_eq!(even_tasks(5, 64), 4); // 16 tasks, not 13
+            assert_eq!(even_tasks(2, 8), 2); // already even
+            assert_eq!(even_tasks(3, 7), 3); // nothing divides: the limit
+            assert_eq!(even_tasks(1, 5), 1);
+        });
+    }
 }

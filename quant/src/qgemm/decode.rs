@@ -103,16 +103,18 @@ pub(super) fn rows_into(t: &QuantizedTensor, r0: usize, dst: &mut [f32]) {
         }
         QuantFormat::Fp8 { element, .. } => {
             let lut: [f32; 256] = core::array::from_fn(|c| crate::fp8::decode(element, c as u8));
+            let e5m2 = element == crate::Fp8Element::E5M2;
             for (r, d) in rows {
-                lut_row(&lut, &t.codes[r * pc..][..cols], None, d);
+                lut_row((&lut, e5m2), &t.codes[r * pc..][..cols], None, d);
             }
         }
         QuantFormat::Mx { element, .. } if element.bits() == 8 => {
             let lut: [f32; 256] = core::array::from_fn(|c| mx_element(element, c as u8));
+            let e5m2 = element == fp_formats::mx::MxElement::E5M2;
             let bpr = pc / fp_formats::mx::BLOCK;
             for (r, d) in rows {
                 let scales = &t.scales[r * bpr..][..bpr];
-                lut_row(&lut, &t.codes[r * pc..][..cols], Some(scales), d);
+                lut_row((&lut, e5m2), &t.codes[r * pc..][..cols], Some(scales), d);
             }
         }
         QuantFormat::Mx { .. } => {
@@ -139,11 +141,12 @@ fn mx_element(element: fp_formats::mx::MxElement, c: u8) -> f32 {
     }
 }
 
-/// One row of byte codes: `out[i] = lut[codes[i]]`, times the E8M0 scale of its 32-block
-/// `scales[i / 32]` when there are scales (MXFP8: `element · 2^(b - 127)`, what `mx::row_into`
-/// computes with a factor of 1; FP8: the element alone). AVX-512 gathers where present, else
-/// the portable loop; the same bits (the same table and one IEEE product).
-fn lut_row(lut: &[f32; 256], codes: &[u8], scales: Option<&[u8]>, out: &mut [f32]) {
+/// One row of byte codes: `out[i] = lut[codes[i]]` (`lut` the values of the FP8 element,
+/// E5M2 when `e5m2`, else E4M3), times the E8M0 scale of its 32-block `scales[i / 32]` when
+/// there are scales (MXFP8: `element · 2^(b - 127)`, what `mx::row_into` computes with a
+/// factor of 1; FP8: the element alone). With AVX-512 the values come from the codes' bits
+/// (below), else from the table; the same bits (the same values and one IEEE product).
+fn lut_row((lut, e5m2): (&[f32; 256], bool), codes: &[u8], scales: Option<&[u8]>, out: &mut [f32]) {
     let scale = |i: usize| scales.map_or(1.0, |s| fp_formats::E8M0(s[i / 32]).value());
     let mut done = 0;
     #[cfg(target_arch = "x86_64")]
@@ -151,7 +154,7 @@ fn lut_row(lut: &[f32; 256], codes: &[u8], scales: Option<&[u8]>, out: &mut [f32
         done = out.len() / 16 * 16;
         // SAFETY: AVX-512F is present; `done` codes and outputs lie in the slices, and
         // `scales` holds a scale per 32 of them.
-        unsafe { avx512::lut_blocks(lut, codes, scales, &mut out[..done]) };
+        unsafe { avx512::fp8_blocks((lut, e5m2), codes, scales, &mut out[..done]) };
     }
     for (i, o) in out.iter_mut().enumerate().skip(done) {
         let v = lut[codes[i] as usize];
@@ -209,15 +212,21 @@ mod avx512 {
         std::is_x86_feature_detected!("avx512f")
     }
 
-    /// 16 values per step of [`super::lut_row`]: the codes widened to 32-bit indices into
-    /// `lut` (`vgatherdps`), times the E8M0 scale of each 32-block when there are scales.
+    /// 16 values per step of [`super::lut_row`], from the bits of the codes: the 7 bits
+    /// below the sign moved to the top of an f32's exponent and mantissa (E4M3: `<< 20`,
+    /// E5M2: `<< 21`) and multiplied by `2^(127 - bias)` (2^120, 2^112), which is exact for
+    /// the element's normal and subnormal values alike (the f32 intermediate of a subnormal
+    /// code is an f32 subnormal, and no FTZ or DAZ is in effect here), then the sign bit
+    /// put back; the codes of NaN and infinity (E4M3 `0x7F`, E5M2 from `0x7C`) gathered from
+    /// `lut` instead, only in a vector that holds one. Times the E8M0 scale of each 32-block
+    /// when there are scales.
     ///
     /// # Safety
     /// The CPU must support AVX-512F; `out.len()` must be a multiple of 16, `codes` at least
     /// as long, and `scales` (if any) hold one byte per 32 values of `out`.
     #[target_feature(enable = "avx512f")]
-    pub(super) unsafe fn lut_blocks(
-        lut: &[f32; 256],
+    pub(super) unsafe fn fp8_blocks(
+        (lut, e5m2): (&[f32; 256], bool),
         codes: &[u8],
         scales: Option<&[u8]>,
         out: &mut [f32],
@@ -225,12 +234,26 @@ mod avx512 {
         let n = out.len() / 16;
         assert!(out.len() == 16 * n && codes.len() >= 16 * n);
         assert!(scales.is_none_or(|s| s.len() >= n.div_ceil(2)));
+        let (shift, factor, special) = if e5m2 {
+            (_mm_cvtsi32_si128(21), 2f32.powi(112), 0x7C)
+        } else {
+            (_mm_cvtsi32_si128(20), 2f32.powi(120), 0x7F)
+        };
+        let (factor, special) = (_mm512_set1_ps(factor), _mm512_set1_epi32(special));
+        let (low7, sign) = (_mm512_set1_epi32(0x7F), _mm512_set1_epi32(0x80));
         for i in 0..n {
             // SAFETY: codes 16 i .. 16 i + 16 lie in `codes` (asserted above).
             let c = unsafe { _mm_loadu_si128(codes.as_ptr().add(16 * i).cast()) };
-            // SAFETY: every index is below 256, inside `lut`.
-            let v =
-                unsafe { _mm512_i32gather_ps::<4>(_mm512_cvtepu8_epi32(c), lut.as_ptr().cast()) };
+            let c = _mm512_cvtepu8_epi32(c);
+            let m = _mm512_and_si512(c, low7);
+            let v = _mm512_mul_ps(_mm512_castsi512_ps(_mm512_sll_epi32(m, shift)), factor);
+            let s = _mm512_slli_epi32::<24>(_mm512_and_si512(c, sign));
+            let mut v = _mm512_castsi512_ps(_mm512_or_si512(_mm512_castps_si512(v), s));
+            let odd = _mm512_cmpge_epi32_mask(m, special);
+            if odd != 0 {
+                // SAFETY: every index is below 256, inside `lut`.
+                v = unsafe { _mm512_mask_i32gather_ps::<4>(v, odd, c, lut.as_ptr().cast()) };
+            }
             let v = match scales {
                 Some(s) => _mm512_mul_ps(v, _mm512_set1_ps(fp_formats::E8M0(s[i / 2]).value())),
                 None => v,
@@ -335,7 +358,12 @@ mod tests {
         for element in [crate::Fp8Element::E4M3, crate::Fp8Element::E5M2] {
             let lut: [f32; 256] = core::array::from_fn(|c| crate::fp8::decode(element, c as u8));
             let mut got = vec![0.0f32; 250];
-            lut_row(&lut, &codes, None, &mut got);
+            lut_row(
+                (&lut, element == crate::Fp8Element::E5M2),
+                &codes,
+                None,
+                &mut got,
+            );
             let want: Vec<f32> = codes[..250]
                 .iter()
                 .map(|&c| crate::fp8::decode(element, c))
