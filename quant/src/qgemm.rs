@@ -190,8 +190,13 @@ pub fn quantized_matmul_tn_with(
 /// assert!(!e2m1_values(&OperandQuant::BF16));
 /// ```
 pub fn e2m1_values(q: &OperandQuant) -> bool {
+    e2m1_format(q.format)
+}
+
+/// [`e2m1_values`] of an operand in `format`.
+fn e2m1_format(format: QuantFormat) -> bool {
     use fp_formats::mx::MxElement;
-    match q.format {
+    match format {
         QuantFormat::Nvfp4 { .. } => true,
         QuantFormat::Mx { element, .. } => element == MxElement::E2M1,
         _ => false,

@@ -15,7 +15,7 @@ use fp_formats::nvfp4::{dequantize_block, BLOCK as NVFP4_BLOCK};
 use fp_formats::UE4M3;
 
 use crate::config::QuantFormat;
-use crate::{QuantError, QuantizedTensor, MAX_DIM};
+use crate::{Fp8Element, QuantError, QuantizedTensor, MAX_DIM};
 
 /// Checks that `t` is a consistent tensor of its format: dimensions within [`MAX_DIM`], the
 /// padded shape a whole number of blocks and no smaller than the stored one, the code and
@@ -102,19 +102,17 @@ pub(super) fn rows_into(t: &QuantizedTensor, r0: usize, dst: &mut [f32]) {
             }
         }
         QuantFormat::Fp8 { element, .. } => {
-            let lut: [f32; 256] = core::array::from_fn(|c| crate::fp8::decode(element, c as u8));
-            let e5m2 = element == crate::Fp8Element::E5M2;
+            let codes = ByteCodes::new(element == Fp8Element::E5M2);
             for (r, d) in rows {
-                lut_row((&lut, e5m2), &t.codes[r * pc..][..cols], None, d);
+                codes.row(&t.codes[r * pc..][..cols], None, d);
             }
         }
         QuantFormat::Mx { element, .. } if element.bits() == 8 => {
-            let lut: [f32; 256] = core::array::from_fn(|c| mx_element(element, c as u8));
-            let e5m2 = element == fp_formats::mx::MxElement::E5M2;
+            let codes = ByteCodes::new(element == fp_formats::mx::MxElement::E5M2);
             let bpr = pc / fp_formats::mx::BLOCK;
             for (r, d) in rows {
                 let scales = &t.scales[r * bpr..][..bpr];
-                lut_row((&lut, e5m2), &t.codes[r * pc..][..cols], Some(scales), d);
+                codes.row(&t.codes[r * pc..][..cols], Some(scales), d);
             }
         }
         QuantFormat::Mx { .. } => {
@@ -132,33 +130,45 @@ pub(super) fn rows_into(t: &QuantizedTensor, r0: usize, dst: &mut [f32]) {
     }
 }
 
-/// The value of the 8-bit MX element code `c`.
-fn mx_element(element: fp_formats::mx::MxElement, c: u8) -> f32 {
-    use fp_formats::{ElementFormat, E4M3, E5M2};
-    match element {
-        fp_formats::mx::MxElement::E5M2 => E5M2(c).to_f32(),
-        _ => E4M3(c).to_f32(),
-    }
+/// One-byte element codes (FP8, MXFP8), E5M2 or else E4M3: their values' table and which
+/// of the two it is, which the AVX-512 decoding reads from the bits instead.
+struct ByteCodes {
+    lut: [f32; 256],
+    e5m2: bool,
 }
 
-/// One row of byte codes: `out[i] = lut[codes[i]]` (`lut` the values of the FP8 element,
-/// E5M2 when `e5m2`, else E4M3), times the E8M0 scale of its 32-block `scales[i / 32]` when
-/// there are scales (MXFP8: `element · 2^(b - 127)`, what `mx::row_into` computes with a
-/// factor of 1; FP8: the element alone). With AVX-512 the values come from the codes' bits
-/// (below), else from the table; the same bits (the same values and one IEEE product).
-fn lut_row((lut, e5m2): (&[f32; 256], bool), codes: &[u8], scales: Option<&[u8]>, out: &mut [f32]) {
-    let scale = |i: usize| scales.map_or(1.0, |s| fp_formats::E8M0(s[i / 32]).value());
-    let mut done = 0;
-    #[cfg(target_arch = "x86_64")]
-    if avx512::available() {
-        done = out.len() / 16 * 16;
-        // SAFETY: AVX-512F is present; `done` codes and outputs lie in the slices, and
-        // `scales` holds a scale per 32 of them.
-        unsafe { avx512::fp8_blocks((lut, e5m2), codes, scales, &mut out[..done]) };
+impl ByteCodes {
+    fn new(e5m2: bool) -> ByteCodes {
+        let element = if e5m2 {
+            Fp8Element::E5M2
+        } else {
+            Fp8Element::E4M3
+        };
+        ByteCodes {
+            lut: core::array::from_fn(|c| crate::fp8::decode(element, c as u8)),
+            e5m2,
+        }
     }
-    for (i, o) in out.iter_mut().enumerate().skip(done) {
-        let v = lut[codes[i] as usize];
-        *o = if scales.is_some() { v * scale(i) } else { v };
+
+    /// One row: `out[i]` the value of `codes[i]`, times the E8M0 scale of its 32-block
+    /// `scales[i / 32]` when there are scales (MXFP8: `element · 2^(b - 127)`, what
+    /// `mx::row_into` computes with a factor of 1; FP8: the element alone). With AVX-512 the
+    /// values come from the codes' bits (`avx512::fp8_blocks`), else from the table; the
+    /// same bits (the same values and one IEEE product).
+    fn row(&self, codes: &[u8], scales: Option<&[u8]>, out: &mut [f32]) {
+        let scale = |i: usize| scales.map_or(1.0, |s| fp_formats::E8M0(s[i / 32]).value());
+        let mut done = 0;
+        #[cfg(target_arch = "x86_64")]
+        if avx512::available() {
+            done = out.len() / 16 * 16;
+            // SAFETY: AVX-512F is present; `done` codes and outputs lie in the slices, and
+            // `scales` holds a scale per 32 of them.
+            unsafe { avx512::fp8_blocks((&self.lut, self.e5m2), codes, scales, &mut out[..done]) };
+        }
+        for (i, o) in out.iter_mut().enumerate().skip(done) {
+            let v = self.lut[codes[i] as usize];
+            *o = if scales.is_some() { v * scale(i) } else { v };
+        }
     }
 }
 
@@ -212,7 +222,7 @@ mod avx512 {
         std::is_x86_feature_detected!("avx512f")
     }
 
-    /// 16 values per step of [`super::lut_row`], from the bits of the codes: the 7 bits
+    /// 16 values per step of [`super::ByteCodes::row`], from the bits of the codes: the 7 bits
     /// below the sign moved to the top of an f32's exponent and mantissa (E4M3: `<< 20`,
     /// E5M2: `<< 21`) and multiplied by `2^(127 - bias)` (2^120, 2^112), which is exact for
     /// the element's normal and subnormal values alike (the f32 intermediate of a subnormal
@@ -355,15 +365,9 @@ mod tests {
             crate::mx::row_into(&t, 0, 1.0, &mut want, &mut Vec::new());
             assert_eq!(bits(&got), bits(&want), "{element:?}");
         }
-        for element in [crate::Fp8Element::E4M3, crate::Fp8Element::E5M2] {
-            let lut: [f32; 256] = core::array::from_fn(|c| crate::fp8::decode(element, c as u8));
+        for element in [Fp8Element::E4M3, Fp8Element::E5M2] {
             let mut got = vec![0.0f32; 250];
-            lut_row(
-                (&lut, element == crate::Fp8Element::E5M2),
-                &codes,
-                None,
-                &mut got,
-            );
+            ByteCodes::new(element == Fp8Element::E5M2).row(&codes, None, &mut got);
             let want: Vec<f32> = codes[..250]
                 .iter()
                 .map(|&c| crate::fp8::decode(element, c))

@@ -11,7 +11,8 @@ use crate::{QuantError, QuantizedTensor};
 
 use super::decode;
 use super::{
-    check_shapes, e2m1_gemm_runs, finish, on_bf16_unit, GemmWorkspace, Prepared, WORKSPACE,
+    check_shapes, e2m1_format, e2m1_gemm_runs, finish, on_bf16_unit, GemmWorkspace, Prepared,
+    WORKSPACE,
 };
 
 /// `out[M, N] = α · Â · B̂ᵀ` for two quantized tensors in their stored layout, `a` `[M, K]`
@@ -70,26 +71,26 @@ pub fn quantized_matmul_tn_tensors(
         )));
     }
     let mut ws = WORKSPACE.with(|c| c.take()).unwrap_or_default();
-    let packs = on_bf16_unit(quantized(a), quantized(b), e2m1_gemm_runs(e2m1(a), e2m1(b)));
-    multiply(a, b, out, &mut ws, packs);
+    multiply(a, b, out, &mut ws, false);
     WORKSPACE.with(|c| c.set(Some(ws)));
     Ok(())
 }
 
-/// [`quantized_matmul_tn_tensors`] after its checks, on the workspace `ws`: with `packs`
-/// (both quantized, a BF16 unit runs and the E2M1 GEMM does not) the values are decoded
-/// straight into the BF16 unit's tiles, else into f32 buffers that the GEMM reads as views.
+/// [`quantized_matmul_tn_tensors`] after its checks, on the workspace `ws`: where the
+/// product runs on a BF16 unit (both quantized, and not on the E2M1 GEMM) the values are
+/// decoded straight into its tiles, else (or with `views`: the test comparing the two) into
+/// f32 buffers that the GEMM reads as views.
 fn multiply(
     a: &QuantizedTensor,
     b: &QuantizedTensor,
     out: &mut [f32],
     ws: &mut GemmWorkspace,
-    packs: bool,
+    views: bool,
 ) {
     let (qa, qb) = (quantized(a), quantized(b));
-    let e2m1 = e2m1_gemm_runs(e2m1(a), e2m1(b));
+    let e2m1 = e2m1_gemm_runs(e2m1_format(a.format), e2m1_format(b.format));
     let k = a.cols;
-    let (sa, sb) = if packs {
+    let (sa, sb) = if on_bf16_unit(qa, qb, e2m1) && !views {
         // straight into the BF16 unit's tiles, a panel of decoded rows at a time
         let tiles = |t: &QuantizedTensor, buf, a_layout| {
             pack_panels(
@@ -150,17 +151,6 @@ fn quantized(t: &QuantizedTensor) -> bool {
     t.format != QuantFormat::F32
 }
 
-/// Whether `t`'s values are E2M1 codes times a scale per aligned group of 16 along K
-/// (NVFP4, MXFP4): [`super::e2m1_values`] of its format.
-fn e2m1(t: &QuantizedTensor) -> bool {
-    use fp_formats::mx::MxElement;
-    match t.format {
-        QuantFormat::Nvfp4 { .. } => true,
-        QuantFormat::Mx { element, .. } => element == MxElement::E2M1,
-        _ => false,
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -183,12 +173,12 @@ mod tests {
             let (a, b) = (t(&x, m), t(&w, n));
             let (mut tiles, mut views) = (vec![0.0f32; m * n], vec![0.0f32; m * n]);
             let mut ws = GemmWorkspace::new();
-            multiply(&a, &b, &mut views, &mut ws, false);
+            multiply(&a, &b, &mut views, &mut ws, true);
             if !crate::gemm::bf16::quantized_gemm_rounds_inputs() {
                 eprintln!("skipped the comparison: no BF16 unit here, only the views run");
                 return;
             }
-            multiply(&a, &b, &mut tiles, &mut ws, true);
+            multiply(&a, &b, &mut tiles, &mut ws, false);
             let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
             assert_eq!(bits(&tiles), bits(&views), "{spec:?}");
         }
